@@ -1,0 +1,314 @@
+-- pagedattn.check: differential checks of a device against the pure-Lua float64
+-- reference, on random problems (shapes, page sizes, block tables with or
+-- without duplicates, options). Used by the specs, scripts/difftest.lua, and by
+-- anyone who wants to check a device or a change on small sizes.
+--
+--   local check = require "pagedattn.check"
+--   local rng = require("pagedattn.reference").rng(seed)
+--   local case = check.random_case(rng, { dtype = "bf16", page_size = 16 })
+--   local r = check.run(case, pa.device("cpu"))   -- r.ok, r.report
+--
+-- Tolerance (DESIGN.md): error against the float64 reference at most 3x the
+-- error of the same computation done naively in the dtype, plus 1e-5. Cache
+-- contents after an append must match the reference's to one rounding step.
+local pa = require "pagedattn"
+local ref = require "pagedattn.reference"
+
+local check = {}
+
+local MANTISSA_BITS = { f32 = 23, f16 = 10, bf16 = 7 }
+
+local function pick(rng, list) return list[rng:int(1, #list)] end
+local function chance(rng, p) return rng:uniform() < p end
+
+-- A random problem. `want` fixes any field: form ("kvcache"|"varlen"), dtype,
+-- page_size (0 = contiguous cache), mode ("decode"|"prefill"|"chunked"|"read"),
+-- B, Hk, group, D, causal, lse, max_keys, ...
+function check.random_case(rng, want)
+  want = want or {}
+  local c = {}
+  local function w(name, default)
+    if want[name] ~= nil then c[name] = want[name] else c[name] = default end
+  end
+  w("form", chance(rng, 0.25) and "varlen" or "kvcache")
+  w("dtype", pick(rng, { "f32", "f16", "bf16" }))
+  w("page_size", pick(rng, { 0, 1, 3, 16, 256, 5, 8 }))
+  w("mode", pick(rng, { "decode", "prefill", "chunked", "read" }))
+  w("B", rng:int(1, 4))
+  w("Hk", pick(rng, { 1, 2 }))
+  w("group", pick(rng, { 1, 4, 8 }))
+  w("D", pick(rng, { 64, 128, 256, 37, 40, 96 }))
+  c.H = c.Hk * c.group
+  w("max_keys", c.page_size == 256 and 600 or 300)
+  c.append = c.mode ~= "read"
+  -- per-sequence lengths: keys already cached, new tokens, queries
+  c.before, c.new, c.sq = {}, {}, {}
+  local uniform_sq -- with_kvcache has one Sq (and one S_new) for the batch
+  local max_new = c.mode == "decode" and 1 or (c.mode == "read" and 0 or rng:int(1, 48))
+  if c.mode == "decode" and chance(rng, 0.3) then max_new = rng:int(2, 8) end
+  for b = 1, c.B do
+    local n = c.form == "varlen" and rng:int(c.mode == "decode" and 1 or 0, max_new) or max_new
+    local before
+    if c.mode == "prefill" then before = 0
+    elseif chance(rng, 0.1) then before = 0 -- an empty cache now and then
+    else before = rng:int(1, c.max_keys - n) end
+    c.before[b], c.new[b] = before, n
+  end
+  if c.mode == "read" then
+    uniform_sq = rng:int(1, 12)
+    for b = 1, c.B do c.sq[b] = c.form == "varlen" and rng:int(0, 12) or uniform_sq end
+  else
+    for b = 1, c.B do c.sq[b] = c.new[b] end
+  end
+  -- pages: unique when appending, anything (duplicates) when only reading
+  if c.page_size > 0 then
+    w("duplicates", not c.append and chance(rng, 0.7))
+  else
+    w("cache_batch_idx", chance(rng, 0.3))
+  end
+  -- options
+  w("causal", chance(rng, 0.5))
+  if want.window == nil and chance(rng, 0.2) then
+    c.window = { rng:int(-1, 40), rng:int(-1, 12) }
+  else
+    c.window = want.window
+  end
+  w("softcap", chance(rng, 0.15) and pick(rng, { 5, 30 }) or nil)
+  w("alibi", chance(rng, 0.15) and pick(rng, { "H", "BH" }) or nil)
+  if c.append and c.D >= 2 and want.rotary == nil and chance(rng, 0.5) then
+    local full = c.D - c.D % 2
+    local rd = chance(rng, 0.6) and full or math.max(2, (math.floor(full / 4)) * 2)
+    c.rotary = { dim = rd, interleaved = chance(rng, 0.5) }
+  else
+    c.rotary = want.rotary
+  end
+  w("lse", chance(rng, 0.7))
+  w("num_splits", chance(rng, 0.2) and rng:int(1, 5) or 0)
+  w("softmax_scale", chance(rng, 0.1) and 0.3 or nil)
+  return c
+end
+
+function check.describe(c)
+  local parts = { c.form, c.dtype, "B=" .. c.B, "H=" .. c.H .. "/Hk=" .. c.Hk, "D=" .. c.D,
+    c.page_size > 0 and ("page=" .. c.page_size .. (c.duplicates and " dup" or "")) or "contiguous",
+    c.mode }
+  local function list(t) return "{" .. table.concat(t, ",") .. "}" end
+  parts[#parts + 1] = "cached=" .. list(c.before)
+  parts[#parts + 1] = "new=" .. list(c.new)
+  parts[#parts + 1] = "sq=" .. list(c.sq)
+  if c.cache_batch_idx then parts[#parts + 1] = "batch_idx" end
+  if c.causal then parts[#parts + 1] = "causal" end
+  if c.window then parts[#parts + 1] = "window=" .. list(c.window) end
+  if c.softcap then parts[#parts + 1] = "softcap=" .. c.softcap end
+  if c.alibi then parts[#parts + 1] = "alibi[" .. c.alibi .. "]" end
+  if c.rotary then
+    parts[#parts + 1] = "rotary(" .. c.rotary.dim .. (c.rotary.interleaved and ",gptj)" or ",neox)")
+  end
+  if c.lse then parts[#parts + 1] = "lse" end
+  if c.num_splits > 0 then parts[#parts + 1] = "splits=" .. c.num_splits end
+  if c.softmax_scale then parts[#parts + 1] = "scale=" .. c.softmax_scale end
+  return table.concat(parts, " ")
+end
+
+-- Materialises a case: reference tensors (values exact in the dtype) and the
+-- option tables for both sides. The caches hold random values everywhere, so a
+-- read of a wrong slot shows.
+local function build(c, rng)
+  local B, H, Hk, D, dt = c.B, c.H, c.Hk, c.D, c.dtype
+  local inputs = { opts = {} }
+  local o = inputs.opts
+  local seqlen_k = {}
+  local max_k = 1
+  for b = 1, B do
+    seqlen_k[b] = c.before[b] + c.new[b]
+    if seqlen_k[b] > max_k then max_k = seqlen_k[b] end
+  end
+  -- caches and tables
+  if c.page_size > 0 then
+    local ps = c.page_size
+    local need, width = 0, 0
+    for b = 1, B do
+      local n = math.ceil(seqlen_k[b] / ps)
+      need = need + n
+      if n > width then width = n end
+    end
+    width = width + rng:int(0, 2)
+    if width == 0 then width = 1 end
+    local num_pages
+    if c.duplicates then num_pages = rng:int(1, math.max(1, need)) else num_pages = need + rng:int(0, 3) end
+    if num_pages == 0 then num_pages = 1 end
+    local pool = {}
+    for i = 1, num_pages do pool[i] = i - 1 end
+    rng:shuffle(pool)
+    local bt, next_free = {}, 1
+    for b = 1, B do
+      local used = math.ceil(seqlen_k[b] / ps)
+      for j = 1, width do
+        local v
+        if j <= used then
+          if c.duplicates then v = rng:int(0, num_pages - 1)
+          else v = pool[next_free]; next_free = next_free + 1 end
+        else
+          v = (j % 2 == 0) and -1 or 1073741824 -- garbage past the end: never read
+        end
+        bt[(b - 1) * width + j] = v
+      end
+    end
+    inputs.k_cache = ref.randn({ num_pages, ps, Hk, D }, rng, dt)
+    inputs.v_cache = ref.randn({ num_pages, ps, Hk, D }, rng, dt)
+    o.block_table = ref.tensor({ B, width }, bt)
+  else
+    local cap = max_k + rng:int(0, 5)
+    local bc = B
+    if c.cache_batch_idx then
+      bc = B + rng:int(0, 2)
+      local rows = {}
+      for i = 1, bc do rows[i] = i - 1 end
+      rng:shuffle(rows)
+      local idx = {}
+      for b = 1, B do idx[b] = c.append and rows[b] or rng:int(0, bc - 1) end
+      o.cache_batch_idx = ref.tensor({ B }, idx)
+    end
+    inputs.k_cache = ref.randn({ bc, cap, Hk, D }, rng, dt)
+    inputs.v_cache = ref.randn({ bc, cap, Hk, D }, rng, dt)
+  end
+  -- queries and new tokens
+  if c.form == "varlen" then
+    local cu, total = { 0 }, 0
+    for b = 1, B do total = total + c.sq[b]; cu[b + 1] = total end
+    inputs.q = ref.randn({ total, H, D }, rng, dt)
+    o.cu_seqlens_q = ref.tensor({ B + 1 }, cu)
+    o.seqused_k = ref.tensor({ B }, seqlen_k)
+    if c.append then
+      o.k = ref.randn({ total, Hk, D }, rng, dt)
+      o.v = ref.randn({ total, Hk, D }, rng, dt)
+    end
+  else
+    inputs.q = ref.randn({ B, c.sq[1], H, D }, rng, dt)
+    if c.append then
+      o.k = ref.randn({ B, c.new[1], Hk, D }, rng, dt)
+      o.v = ref.randn({ B, c.new[1], Hk, D }, rng, dt)
+    end
+    o.cache_seqlens = ref.tensor({ B }, c.before)
+  end
+  -- rotary tables: positions up to the longest sequence (+ a few)
+  if c.rotary then
+    local half, n = c.rotary.dim / 2, max_k + rng:int(0, 4)
+    local cs, sn = {}, {}
+    for pos = 0, n - 1 do
+      for j = 0, half - 1 do
+        local theta = pos * 10000 ^ (-2 * j / c.rotary.dim)
+        cs[pos * half + j + 1] = ref.round(math.cos(theta), dt)
+        sn[pos * half + j + 1] = ref.round(math.sin(theta), dt)
+      end
+    end
+    o.rotary_cos = ref.tensor({ n, half }, cs)
+    o.rotary_sin = ref.tensor({ n, half }, sn)
+    o.rotary_interleaved = c.rotary.interleaved
+  end
+  if c.alibi then
+    local shape = c.alibi == "H" and { H } or { B, H }
+    local s = {}
+    for i = 1, ref.numel(shape) do s[i] = ref.round(rng:uniform() * 0.5, "f32") end
+    o.alibi_slopes = ref.tensor(shape, s)
+  end
+  o.causal = c.causal or nil
+  o.window_size = c.window
+  o.softcap = c.softcap
+  o.softmax_scale = c.softmax_scale
+  return inputs
+end
+
+local ref_keys = { "k", "v", "rotary_cos", "rotary_sin", "block_table", "cache_batch_idx",
+  "cu_seqlens_q", "seqused_k", "cache_seqlens", "alibi_slopes" }
+local int_keys = { block_table = true, cache_batch_idx = true, cu_seqlens_q = true,
+  seqused_k = true, cache_seqlens = true }
+
+local function to_device(t, dtype, device)
+  return assert(pa.from_table(t.data, t.shape, dtype, device))
+end
+
+local function to_ref(t) return ref.tensor(t.shape, t:to_table()) end
+
+-- Largest |a - b| beyond one rounding step of the dtype (0 when within).
+local function excess_over_ulp(a, b, dtype)
+  local rel = 2 ^ -MANTISSA_BITS[dtype]
+  local worst = 0
+  for i = 1, #a do
+    local x, y = a[i], b[i]
+    if x ~= y then
+      local d = math.abs(x - y) - (rel * math.abs(y) * 1.0001 + 1e-30)
+      if x ~= x or y ~= y then d = math.huge end
+      if d > worst then worst = d end
+    end
+  end
+  return worst
+end
+
+-- Runs a case on `device` and on the reference; returns a result table:
+--   ok, report (one line per quantity), and the errors and tolerances.
+function check.run(c, device, rng)
+  local inputs = build(c, rng)
+  local dt = c.dtype
+  -- device side
+  local dopts = {}
+  for k, v in pairs(inputs.opts) do dopts[k] = v end
+  for _, k in ipairs(ref_keys) do
+    local t = inputs.opts[k]
+    if t then
+      local tdt = int_keys[k] and "i32" or (k == "alibi_slopes" and "f32" or dt)
+      dopts[k] = to_device(t, tdt, device)
+    end
+  end
+  dopts.return_softmax_lse = c.lse or nil
+  dopts.num_splits = c.num_splits > 0 and c.num_splits or nil
+  local q = to_device(inputs.q, dt, device)
+  local kc = to_device(inputs.k_cache, dt, device)
+  local vc = to_device(inputs.v_cache, dt, device)
+  local poison = pa.tensor(q.shape, dt, device):fill(0 / 0)
+  dopts.out = poison
+  local fn = c.form == "varlen" and pa.attention_varlen or pa.attention_with_kvcache
+  local out, lse = fn(q, kc, vc, dopts)
+  assert(out, lse)
+
+  -- reference: exact (f64) and naive (in the dtype), each on its own caches
+  local function ref_run(precision)
+    local o = { precision = precision, cache_dtype = dt }
+    for k, v in pairs(inputs.opts) do o[k] = v end
+    local k_cache, v_cache = ref.copy(inputs.k_cache), ref.copy(inputs.v_cache)
+    local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
+    local rout, rlse = rfn(inputs.q, k_cache, v_cache, o)
+    return rout, rlse, k_cache, v_cache
+  end
+  local exact_out, exact_lse, exact_k, exact_v = ref_run("f64")
+  local naive_out, naive_lse = ref_run(dt)
+
+  local r = { case = c }
+  local got_out = out:to_table()
+  r.out_err = ref.max_abs_diff(got_out, exact_out.data)
+  r.out_naive = ref.max_abs_diff(naive_out.data, exact_out.data)
+  r.out_tol = ref.tolerance(dt, r.out_naive)
+  r.ok = r.out_err <= r.out_tol
+  local lines = { string.format("out: max |err| %.3g, tolerance %.3g (naive %s error %.3g)",
+    r.out_err, r.out_tol, dt, r.out_naive) }
+  if c.lse then
+    r.lse_err = ref.max_abs_diff(lse:to_table(), exact_lse.data)
+    r.lse_naive = ref.max_abs_diff(naive_lse.data, exact_lse.data)
+    r.lse_tol = ref.tolerance(dt, r.lse_naive)
+    r.ok = r.ok and r.lse_err <= r.lse_tol
+    lines[#lines + 1] = string.format("lse: max |err| %.3g, tolerance %.3g", r.lse_err, r.lse_tol)
+  end
+  if c.append then
+    r.cache_excess = math.max(excess_over_ulp(kc:to_table(), exact_k.data, dt),
+                              excess_over_ulp(vc:to_table(), exact_v.data, dt))
+    r.ok = r.ok and r.cache_excess == 0
+    lines[#lines + 1] = string.format("caches: %s", r.cache_excess == 0 and "match"
+      or string.format("differ by %.3g beyond one rounding step", r.cache_excess))
+  end
+  r.report = table.concat(lines, "; ")
+  return r
+end
+
+check.build = build
+check.to_ref = to_ref
+return check

@@ -1,0 +1,100 @@
+-- pagedattn.core: finds and loads libpagedattn, declares its API once from the
+-- public header, and turns C statuses into Lua errors.
+--
+-- Lookup order for the library: $PAGEDATTN_LIB, build/lib/ of the source tree
+-- this file lives in, package.cpath, then the system's (ffi.load "pagedattn").
+-- The header (the one source of the cdef): $PAGEDATTN_HEADER, src/ of the
+-- source tree, pagedattn/pagedattn.h along package.path, /usr[/local]/include.
+local ffi = require "ffi"
+
+local M = {}
+
+local function file_exists(path)
+  local f = path and io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- The source tree this module sits in (lua/pagedattn/core.lua -> root), if any.
+local function tree_root()
+  local src = debug.getinfo(1, "S").source
+  if src:sub(1, 1) ~= "@" then return nil end
+  local dir = src:sub(2):match("^(.*)/[^/]*$") or "."
+  return dir .. "/../.."
+end
+M.root = tree_root()
+
+local function find_header()
+  local candidates = { os.getenv("PAGEDATTN_HEADER") }
+  if M.root then candidates[#candidates + 1] = M.root .. "/src/pagedattn.h" end
+  local via_path = package.searchpath and
+    package.searchpath("pagedattn.pagedattn", (package.path:gsub("%.lua", ".h")))
+  candidates[#candidates + 1] = via_path
+  candidates[#candidates + 1] = "/usr/local/include/pagedattn.h"
+  candidates[#candidates + 1] = "/usr/include/pagedattn.h"
+  for _, c in ipairs(candidates) do
+    if c and c ~= "" and file_exists(c) then return c end
+  end
+  error("pagedattn: cannot find pagedattn.h (set PAGEDATTN_HEADER)", 0)
+end
+
+local function find_library()
+  local env = os.getenv("PAGEDATTN_LIB")
+  if env and env ~= "" then return env end
+  if M.root then
+    local p = M.root .. "/build/lib/libpagedattn.so"
+    if file_exists(p) then return p end
+  end
+  local via_cpath = package.searchpath and package.searchpath("libpagedattn", package.cpath)
+  return via_cpath or "pagedattn"
+end
+
+-- One cdef, straight from the header's API block. busted may load this module
+-- more than once in a process; the FFI keeps declarations, so declare once.
+if not pcall(ffi.typeof, "pa_attention_params") then
+  local header_path = find_header()
+  local text = read_file(header_path)
+  local api = text:match("/%* PA_API_BEGIN %*/(.-)/%* PA_API_END %*/")
+  if not api then error("pagedattn: " .. header_path .. " has no PA_API_BEGIN/END block", 0) end
+  ffi.cdef(api)
+end
+
+M.library_path = find_library()
+local ok, lib = pcall(ffi.load, M.library_path)
+if not ok then
+  error("pagedattn: cannot load the library " .. M.library_path .. ": " .. tostring(lib) ..
+        " (build it with scripts/test or scripts/run, or set PAGEDATTN_LIB)", 0)
+end
+M.C = lib
+local C = lib
+
+-- One context (error state) for this Lua state.
+local ctx_box = ffi.new("pa_context*[1]")
+assert(C.pa_context_create(ctx_box) == 0, "pagedattn: cannot create a context")
+M.ctx = ffi.gc(ctx_box[0], C.pa_context_destroy)
+
+function M.last_error()
+  return ffi.string(C.pa_context_error(M.ctx))
+end
+
+-- Caller mistakes (PA_ERR_ARGUMENT) raise at the caller of the API function
+-- `fname`; run-time failures return nil, message.
+local ARGUMENT = 1
+function M.check(status, fname, level)
+  if status == 0 then return true end
+  local msg = "pagedattn." .. fname .. ": " .. M.last_error()
+  if status == ARGUMENT then error(msg, (level or 2) + 1) end
+  return nil, msg
+end
+
+M.dtypes = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 }
+M.dtype_names = { [0] = "f32", "f16", "bf16", "i32" }
+
+return M

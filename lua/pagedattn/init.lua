@@ -1,0 +1,21 @@
+-- pagedattn: a Lua-scriptable attention runtime (paged attention, page pools,
+-- rotary append) over libpagedattn through LuaJIT's FFI.
+--   local pa = require "pagedattn"
+-- See README.md for the API.
+local core = require "pagedattn.core"
+local tensor = require "pagedattn.tensor"
+local attention = require "pagedattn.attention"
+
+local pa = {
+  version = require("ffi").string(core.C.pa_version()),
+  library_path = core.library_path,
+  device = tensor.device,
+  tensor = tensor.tensor,
+  from_table = tensor.from_table,
+  randn = tensor.randn,
+  is_tensor = tensor.is_tensor,
+  attention_with_kvcache = attention.attention_with_kvcache,
+  attention_varlen = attention.attention_varlen,
+}
+
+return pa

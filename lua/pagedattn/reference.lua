@@ -1,0 +1,796 @@
+-- pagedattn.reference: a pure-Lua float64 reference of the attention semantics
+-- (flash-attention 2's flash_attn_with_kvcache and a varlen form), written
+-- independently of the C and CUDA code so that it can check them.
+--
+-- Pure Lua (no ffi): runs under LuaJIT 2.1 and Lua 5.1/5.2. Hot loops are plain
+-- numeric for-loops over flat arrays so that LuaJIT compiles them.
+--
+-- A reference tensor is {shape = {d1, ..., dn}, data = {...}}: data is a flat
+-- 1-based array in row-major order; element (i1, ..., in) (0-based) is at
+-- data[1 + linear index]. Integer tensors (block tables, seqlens) use the same form.
+-- Page ids, positions and indices are 0-based, as in the C API.
+--
+-- Choices the brief left open:
+-- * every append (all sequences, in batch order) happens before any attention,
+--   so a sequence that reads a page another one appends to sees the new tokens;
+--   two appends to the same slot: the later sequence wins.
+-- * a fully masked row (and one whose scores are all -inf) gives zeros and
+--   lse = -inf (flash-attention 2's non-split path reports +inf there).
+-- * precision emulation rounds softcap the way PyTorch would: after s / cap,
+--   after tanh, after * cap. Cache values that were already there are read as
+--   given (callers pass values that are representable in their dtype).
+-- * the window is used as given; flash-attention 2 first turns a side that is
+--   >= the cache capacity into -1, which can change where q is rotated.
+-- * opts.out, opts.num_splits, opts.return_softmax_lse, opts.max_seqlen_q are
+--   ignored; lse is always returned.
+
+local ref = {}
+
+local floor, abs, exp, log, sqrt = math.floor, math.abs, math.exp, math.log, math.sqrt
+local tanh, frexp, ldexp = math.tanh, math.frexp, math.ldexp
+local huge = math.huge
+local type, assert, error, tostring = type, assert, error, tostring
+local format = string.format
+
+---------------------------------------------------------------------------
+-- tensors
+---------------------------------------------------------------------------
+
+local function is_int(x)
+  return type(x) == "number" and x == x and x % 1 == 0 and x > -huge and x < huge
+end
+
+local function numel(shape)
+  local n = 1
+  for i = 1, #shape do n = n * shape[i] end
+  return n
+end
+ref.numel = numel
+
+local function shape_str(shape)
+  local parts = {}
+  for i = 1, #shape do parts[i] = tostring(shape[i]) end
+  return "[" .. table.concat(parts, ", ") .. "]"
+end
+ref.shape_str = shape_str
+
+-- ref.tensor(shape, data): data is used as is (not copied); nil gives zeros.
+function ref.tensor(shape, data)
+  assert(type(shape) == "table", "reference.tensor: shape must be a table")
+  local sh = {}
+  for i = 1, #shape do
+    assert(is_int(shape[i]) and shape[i] >= 0,
+      "reference.tensor: shape entries must be integers >= 0, got " .. tostring(shape[i]))
+    sh[i] = shape[i]
+  end
+  local n = numel(sh)
+  if data == nil then
+    data = {}
+    for i = 1, n do data[i] = 0 end
+  else
+    assert(type(data) == "table", "reference.tensor: data must be a flat table")
+    assert(#data == n, format("reference.tensor: data has %d elements, shape %s needs %d",
+      #data, shape_str(sh), n))
+  end
+  return { shape = sh, data = data }
+end
+
+function ref.copy(t)
+  assert(type(t) == "table" and type(t.shape) == "table" and type(t.data) == "table",
+    "reference.copy: not a reference tensor")
+  local sh, d, src = {}, {}, t.data
+  for i = 1, #t.shape do sh[i] = t.shape[i] end
+  for i = 1, #src do d[i] = src[i] end
+  return { shape = sh, data = d }
+end
+
+---------------------------------------------------------------------------
+-- rounding to narrower floating-point formats
+---------------------------------------------------------------------------
+
+-- p: significand bits including the implicit one; emin: exponent of the
+-- smallest normal; max: largest finite value.
+local FORMATS = {
+  f32  = { p = 24, emin = -126, max = (2 - 2 ^ -23) * 2 ^ 127 },
+  f16  = { p = 11, emin = -14,  max = 65504 },
+  bf16 = { p = 8,  emin = -126, max = (2 - 2 ^ -7) * 2 ^ 127 },
+}
+
+-- Round to nearest, ties to even; subnormals, overflow to +-inf, NaN and signed
+-- zero handled. Scaling by powers of two is exact in binary64, so q below is the
+-- exact value in units of the target's ulp and only the final rounding decides.
+local function round_fmt(x, p, emin, maxv)
+  if x ~= x or x == 0 or x == huge or x == -huge then return x end
+  local a = x
+  if a < 0 then a = -a end
+  local _, e = frexp(a)          -- a = m * 2^e, 0.5 <= m < 1
+  local E = e - 1                -- a = 1.f * 2^E
+  if E < emin then E = emin end  -- subnormal range: fixed quantum 2^(emin-p+1)
+  local sh = p - 1 - E
+  local q = ldexp(a, sh)         -- 0 < q < 2^p, exact
+  local f = floor(q)
+  local r = q - f
+  if r > 0.5 or (r == 0.5 and f % 2 == 1) then f = f + 1 end
+  local res = ldexp(f, -sh)
+  if res > maxv then res = huge end
+  if x < 0 then return -res end  -- -0 when a negative value rounds to zero
+  return res
+end
+
+local function identity(x) return x end
+
+local ROUNDERS = { f64 = identity }
+for name, f in pairs(FORMATS) do
+  local p, emin, maxv = f.p, f.emin, f.max
+  ROUNDERS[name] = function(x) return round_fmt(x, p, emin, maxv) end
+end
+
+local function rounder(dtype, what)
+  local r = ROUNDERS[dtype or "f64"]
+  if not r then
+    error(format("reference: %s must be one of \"f64\", \"f32\", \"f16\", \"bf16\", got %s",
+      what or "dtype", tostring(dtype)), 3)
+  end
+  return r
+end
+
+-- ref.round(x, dtype): x rounded to dtype ("f64", "f32", "f16", "bf16").
+function ref.round(x, dtype)
+  return rounder(dtype, "dtype")(x)
+end
+
+-- ref.rounder(dtype): the rounding function for dtype (f64: identity).
+function ref.rounder(dtype)
+  return rounder(dtype, "dtype")
+end
+
+-- ref.round_tensor(t, dtype): a new tensor with every element rounded.
+function ref.round_tensor(t, dtype)
+  local R = rounder(dtype, "dtype")
+  local c = ref.copy(t)
+  local d = c.data
+  for i = 1, #d do d[i] = R(d[i]) end
+  return c
+end
+
+---------------------------------------------------------------------------
+-- comparison helpers
+---------------------------------------------------------------------------
+
+-- Max |a[i] - b[i]| over two flat arrays (or reference tensors). NaN anywhere is
+-- an infinite difference; equal values (inf == inf, -inf == -inf) differ by 0.
+function ref.max_abs_diff(a, b)
+  if type(a) == "table" and a.data then a = a.data end
+  if type(b) == "table" and b.data then b = b.data end
+  assert(type(a) == "table" and type(b) == "table", "reference.max_abs_diff: arrays expected")
+  local n = #a
+  assert(#b == n, format("reference.max_abs_diff: lengths differ (%d vs %d)", n, #b))
+  local m = 0
+  for i = 1, n do
+    local x, y = a[i], b[i]
+    if x ~= x or y ~= y then return huge end
+    if x ~= y then
+      local d = x - y
+      if d < 0 then d = -d end
+      if d > m then m = d end
+    end
+  end
+  return m
+end
+
+-- DESIGN.md's rule: error vs the float64 reference at most 3x the error of the
+-- naive computation in that precision, plus 1e-5.
+function ref.tolerance(dtype, naive_err)
+  assert(type(naive_err) == "number", "reference.tolerance: naive_err must be a number")
+  return 3 * naive_err + 1e-5
+end
+
+---------------------------------------------------------------------------
+-- deterministic RNG: MRG32k3a (L'Ecuyer 1999), designed for binary64
+-- arithmetic: every product stays below 2^53, so the stream is bit-identical
+-- under LuaJIT and PUC Lua. normal() uses the polar method with a log
+-- computed here from + - * / only, so it does not depend on the libm either.
+---------------------------------------------------------------------------
+
+local M1, M2 = 4294967087, 4294944443
+local A12, A13N, A21, A23N = 1403580, 810728, 527612, 1370589
+local MRG_NORM = 2.328306549295727688e-10 -- 1 / (M1 + 1)
+local TWO32 = 4294967296
+local LN2 = 0.6931471805599453
+local SQRT_HALF = 0.7071067811865476
+
+local function det_log(x) -- x > 0, finite
+  local m, e = frexp(x)
+  if m < SQRT_HALF then m = m * 2; e = e - 1 end -- m in [sqrt(1/2), sqrt(2))
+  local t = (m - 1) / (m + 1)                      -- |t| < 0.172
+  local t2 = t * t
+  local term, sum = t, t
+  for k = 3, 31, 2 do
+    term = term * t2
+    sum = sum + term / k
+  end
+  return 2 * sum + e * LN2
+end
+
+local Rng = {}
+Rng.__index = Rng
+
+local function mrg_mod(p, m)
+  p = p - floor(p / m) * m
+  if p < 0 then p = p + m elseif p >= m then p = p - m end
+  return p
+end
+
+-- uniform in (0, 1)
+function Rng:uniform()
+  local p1 = mrg_mod(A12 * self.s11 - A13N * self.s10, M1)
+  self.s10, self.s11, self.s12 = self.s11, self.s12, p1
+  local p2 = mrg_mod(A21 * self.s22 - A23N * self.s20, M2)
+  self.s20, self.s21, self.s22 = self.s21, self.s22, p2
+  if p1 > p2 then return (p1 - p2) * MRG_NORM end
+  return (p1 - p2 + M1) * MRG_NORM
+end
+
+-- standard normal
+function Rng:normal()
+  local spare = self.spare
+  if spare then
+    self.spare = nil
+    return spare
+  end
+  local u, v, s
+  repeat
+    u = 2 * self:uniform() - 1
+    v = 2 * self:uniform() - 1
+    s = u * u + v * v
+  until s < 1 and s > 0
+  local f = sqrt(-2 * det_log(s) / s)
+  self.spare = v * f
+  return u * f
+end
+
+-- integer uniform in [lo, hi]
+function Rng:int(lo, hi)
+  assert(is_int(lo) and is_int(hi) and lo <= hi,
+    "rng:int(lo, hi): integers with lo <= hi expected")
+  local n = hi - lo + 1
+  local k = floor(self:uniform() * n)
+  if k >= n then k = n - 1 end
+  return lo + k
+end
+
+-- in-place Fisher-Yates shuffle of a 1-based array
+function Rng:shuffle(arr)
+  for i = #arr, 2, -1 do
+    local j = self:int(1, i)
+    arr[i], arr[j] = arr[j], arr[i]
+  end
+  return arr
+end
+
+-- ref.rng(seed): seed is an integer in [0, 2^53); nil takes os.time(). The seed
+-- is kept in rng.seed so that specs can print it.
+function ref.rng(seed)
+  if seed == nil then seed = os.time() end
+  assert(is_int(seed) and seed >= 0 and seed < 2 ^ 53,
+    "reference.rng: seed must be an integer in [0, 2^53), got " .. tostring(seed))
+  local x = seed % TWO32
+  local y = floor(seed / TWO32) % TWO32
+  local s = {}
+  for i = 1, 6 do
+    x = (69069 * x + 1) % TWO32
+    y = (1664525 * y + 1013904223) % TWO32
+    s[i] = (x + y) % (i <= 3 and M1 or M2)
+  end
+  if s[1] == 0 and s[2] == 0 and s[3] == 0 then s[1] = 1 end
+  if s[4] == 0 and s[5] == 0 and s[6] == 0 then s[4] = 1 end
+  local r = setmetatable({ seed = seed, s10 = s[1], s11 = s[2], s12 = s[3],
+    s20 = s[4], s21 = s[5], s22 = s[6] }, Rng)
+  for _ = 1, 16 do r:uniform() end
+  return r
+end
+
+-- ref.randn(shape, rng, dtype): standard normal values, rounded to dtype
+-- (default "f64").
+function ref.randn(shape, rng, dtype)
+  local R = rounder(dtype, "dtype")
+  local t = ref.tensor(shape)
+  local d = t.data
+  for i = 1, #d do d[i] = R(rng:normal()) end
+  return t
+end
+
+---------------------------------------------------------------------------
+-- rotary embedding
+---------------------------------------------------------------------------
+
+-- Rotates the D-vector src[so+1 .. so+D] at the cos/sin row starting at
+-- cosd[co+1] (rhalf = rotary_dim/2 entries) into dst[dso+1 .. dso+D];
+-- dims >= rotary_dim are copied. src and dst must not overlap.
+local function rotate_into(src, so, dst, dso, D, rhalf, cosd, sind, co, interleaved)
+  for d = 1, D do dst[dso + d] = src[so + d] end
+  if interleaved then
+    for j = 0, rhalf - 1 do
+      local c, s = cosd[co + j + 1], sind[co + j + 1]
+      local x0, x1 = src[so + 2 * j + 1], src[so + 2 * j + 2]
+      dst[dso + 2 * j + 1] = x0 * c - x1 * s
+      dst[dso + 2 * j + 2] = x0 * s + x1 * c
+    end
+  else
+    for j = 0, rhalf - 1 do
+      local c, s = cosd[co + j + 1], sind[co + j + 1]
+      local x0, x1 = src[so + j + 1], src[so + j + rhalf + 1]
+      dst[dso + j + 1] = x0 * c - x1 * s
+      dst[dso + j + rhalf + 1] = x0 * s + x1 * c
+    end
+  end
+end
+
+local function check_rotary_tables(cos, sin)
+  assert(type(cos) == "table" and cos.shape and #cos.shape == 2,
+    "reference: rotary_cos must be a tensor [seqlen_ro, rotary_dim/2]")
+  assert(type(sin) == "table" and sin.shape and #sin.shape == 2,
+    "reference: rotary_sin must be a tensor [seqlen_ro, rotary_dim/2]")
+  assert(cos.shape[1] == sin.shape[1] and cos.shape[2] == sin.shape[2], format(
+    "reference: rotary_cos %s and rotary_sin %s must have the same shape",
+    shape_str(cos.shape), shape_str(sin.shape)))
+end
+
+-- ref.apply_rotary(x, pos, cos, sin, interleaved): x is a 1-based vector of
+-- length D >= rotary_dim; returns a new rotated vector (x is unchanged).
+-- interleaved defaults to true (GPT-J pairs (2j, 2j+1)); false is GPT-NeoX
+-- pairs (j, j + rotary_dim/2).
+function ref.apply_rotary(x, pos, cos, sin, interleaved)
+  check_rotary_tables(cos, sin)
+  local rhalf = cos.shape[2]
+  local D = #x
+  assert(2 * rhalf <= D, format("reference.apply_rotary: rotary_dim %d > vector length %d",
+    2 * rhalf, D))
+  assert(is_int(pos) and pos >= 0 and pos < cos.shape[1], format(
+    "reference.apply_rotary: position %s outside [0, %d)", tostring(pos), cos.shape[1]))
+  local y = {}
+  rotate_into(x, 0, y, 0, D, rhalf, cos.data, sin.data, pos * rhalf, interleaved ~= false)
+  return y
+end
+
+---------------------------------------------------------------------------
+-- argument parsing
+---------------------------------------------------------------------------
+
+local function check_tensor(t, rank, name)
+  if type(t) ~= "table" or type(t.shape) ~= "table" or type(t.data) ~= "table" then
+    error(format("reference: %s must be a reference tensor {shape=, data=}", name), 3)
+  end
+  if #t.shape ~= rank then
+    error(format("reference: %s must have rank %d, got shape %s", name, rank,
+      shape_str(t.shape)), 3)
+  end
+  if #t.data ~= numel(t.shape) then
+    error(format("reference: %s has %d elements for shape %s", name, #t.data,
+      shape_str(t.shape)), 3)
+  end
+  return t.shape
+end
+
+-- A 1-D integer input: a reference tensor [n] or a plain 1-based array.
+local function int_array(x, n, name)
+  local d = x
+  if type(x) == "table" and x.data then
+    if #x.shape ~= 1 then
+      error(format("reference: %s must be 1-D, got shape %s", name, shape_str(x.shape)), 3)
+    end
+    d = x.data
+  end
+  if type(d) ~= "table" then error(format("reference: %s must be an integer tensor", name), 3) end
+  if #d ~= n then
+    error(format("reference: %s must have %d entries, got %d", name, n, #d), 3)
+  end
+  for i = 1, n do
+    if not is_int(d[i]) then
+      error(format("reference: %s[%d] = %s is not an integer", name, i - 1, tostring(d[i])), 3)
+    end
+  end
+  return d
+end
+
+-- Options shared by both entry points.
+local function parse_common(opts, B, H, Hk, D)
+  local c = {}
+  if H % Hk ~= 0 then
+    error(format("reference: H = %d is not a multiple of Hk = %d", H, Hk), 3)
+  end
+  c.group = H / Hk
+  c.scale = opts.softmax_scale or 1 / sqrt(D)
+  assert(type(c.scale) == "number", "reference: softmax_scale must be a number")
+  c.causal = opts.causal and true or false
+  local left, right = -1, -1
+  if opts.window_size ~= nil then
+    local w = opts.window_size
+    assert(type(w) == "table" and is_int(w[1]) and is_int(w[2]) and w[1] >= -1 and w[2] >= -1,
+      "reference: window_size must be {left, right}, integers >= -1")
+    left, right = w[1], w[2]
+  end
+  -- flash-attention 2 rotates q at per-token positions when causal or local
+  c.q_pos_per_token = c.causal or left ~= -1 or right ~= -1
+  if c.causal then right = 0 end
+  c.left, c.right = left, right
+  c.softcap = opts.softcap or 0
+  assert(type(c.softcap) == "number" and c.softcap >= 0, "reference: softcap must be >= 0")
+  if opts.alibi_slopes ~= nil then
+    local a = opts.alibi_slopes
+    assert(type(a) == "table" and a.shape and (#a.shape == 1 or #a.shape == 2),
+      "reference: alibi_slopes must be a tensor [H] or [B, H]")
+    if #a.shape == 1 then
+      assert(a.shape[1] == H, format("reference: alibi_slopes %s, expected [%d]",
+        shape_str(a.shape), H))
+      c.alibi_bstride = 0
+    else
+      assert(a.shape[1] == B and a.shape[2] == H, format(
+        "reference: alibi_slopes %s, expected [%d, %d]", shape_str(a.shape), B, H))
+      c.alibi_bstride = H
+    end
+    c.alibi = a.data
+  end
+  if opts.precision ~= nil and opts.precision ~= "f64" then
+    c.R = rounder(opts.precision, "precision")
+  end
+  c.store = rounder(opts.cache_dtype, "cache_dtype")
+  if opts.rotary_cos ~= nil or opts.rotary_sin ~= nil then
+    check_rotary_tables(opts.rotary_cos, opts.rotary_sin)
+    local rhalf = opts.rotary_cos.shape[2]
+    assert(2 * rhalf <= D, format("reference: rotary_dim %d > head dim %d", 2 * rhalf, D))
+    c.rhalf = rhalf
+    c.seqlen_ro = opts.rotary_cos.shape[1]
+    c.cosd, c.sind = opts.rotary_cos.data, opts.rotary_sin.data
+    c.interleaved = opts.rotary_interleaved ~= false
+  end
+  return c
+end
+
+-- The KV cache: returns an object with capacity and offsets(b, n), the 0-based
+-- element offsets of tokens 0..n-1 of batch b (their slot, kv head 0, dim 0).
+local function parse_cache(k_cache, v_cache, opts, B, Hk_expect, D_expect)
+  local ks = check_tensor(k_cache, 4, "k_cache")
+  local vs = check_tensor(v_cache, 4, "v_cache")
+  for i = 1, 4 do
+    assert(ks[i] == vs[i], format("reference: k_cache %s and v_cache %s differ",
+      shape_str(ks), shape_str(vs)))
+  end
+  local N, S, Hk, D = ks[1], ks[2], ks[3], ks[4]
+  if D_expect then
+    assert(D == D_expect, format("reference: cache head dim %d, q head dim %d", D, D_expect))
+  end
+  local tok = Hk * D
+  local cache = { Hk = Hk, D = D }
+  if opts.block_table ~= nil then
+    assert(opts.cache_batch_idx == nil,
+      "reference: cache_batch_idx cannot be combined with block_table")
+    local bs = check_tensor(opts.block_table, 2, "block_table")
+    assert(bs[1] == B, format("reference: block_table %s, expected %d rows", shape_str(bs), B))
+    assert(S >= 1, "reference: page_size must be >= 1")
+    local maxp = bs[2]
+    local bt = opts.block_table.data
+    cache.capacity = maxp * S
+    cache.paged = true
+    function cache.offsets(b, n)
+      assert(n <= cache.capacity, format(
+        "reference: sequence %d needs %d tokens, block table holds %d (%d pages of %d)",
+        b, n, cache.capacity, maxp, S))
+      local offs = {}
+      local npages = floor((n + S - 1) / S)
+      for pg = 0, npages - 1 do
+        local id = bt[b * maxp + pg + 1]
+        if not (is_int(id) and id >= 0 and id < N) then
+          error(format("reference: block_table[%d][%d] = %s is not a page id in [0, %d)",
+            b, pg, tostring(id), N), 0)
+        end
+        local base = id * S * tok
+        local t0 = pg * S
+        local t1 = t0 + S - 1
+        if t1 > n - 1 then t1 = n - 1 end
+        for t = t0, t1 do offs[t + 1] = base + (t - t0) * tok end
+      end
+      return offs
+    end
+  else
+    cache.capacity = S
+    local rows
+    if opts.cache_batch_idx ~= nil then
+      rows = int_array(opts.cache_batch_idx, B, "cache_batch_idx")
+      for b = 1, B do
+        assert(rows[b] >= 0 and rows[b] < N, format(
+          "reference: cache_batch_idx[%d] = %d outside [0, %d)", b - 1, rows[b], N))
+      end
+    else
+      assert(N >= B, format("reference: contiguous cache has %d rows for batch %d", N, B))
+    end
+    function cache.offsets(b, n)
+      assert(n <= S, format("reference: sequence %d needs %d tokens, cache holds %d", b, n, S))
+      local row = rows and rows[b + 1] or b
+      local offs = {}
+      for t = 0, n - 1 do offs[t + 1] = (row * S + t) * tok end
+      return offs
+    end
+  end
+  return cache
+end
+
+---------------------------------------------------------------------------
+-- the computation
+---------------------------------------------------------------------------
+
+-- Appends n_new tokens (rows of knew/vnew starting at element offset new_off,
+-- token stride Hk*D) at positions pos0 .. pos0+n_new-1 of a sequence whose token
+-- offsets are offs; k is rotated at its position, both are rounded to the cache
+-- dtype.
+local function append_seq(c, kd, vd, knew, vnew, new_off, n_new, pos0, offs, Hk, D, tmp)
+  local store = c.store
+  for i = 0, n_new - 1 do
+    local p = pos0 + i
+    local dst = offs[p + 1]
+    for hk = 0, Hk - 1 do
+      local so = new_off + (i * Hk + hk) * D
+      local o = dst + hk * D
+      if c.rhalf then
+        assert(p < c.seqlen_ro, format(
+          "reference: rotary position %d outside rotary_cos rows [0, %d)", p, c.seqlen_ro))
+        rotate_into(knew, so, tmp, 0, D, c.rhalf, c.cosd, c.sind, p * c.rhalf, c.interleaved)
+        for d = 1, D do kd[o + d] = store(tmp[d]) end
+      else
+        for d = 1, D do kd[o + d] = store(knew[so + d]) end
+      end
+      for d = 1, D do vd[o + d] = store(vnew[so + d]) end
+    end
+  end
+end
+
+-- Attention of one sequence. s fields: q_off (element offset of query token 0,
+-- head 0; token stride H*D; out uses the same layout), sq, sk, qpos0 (rotary
+-- position base), offs (token offsets), lse_off, lse_hstride, b.
+local function attend_seq(c, s, qd, kd, vd, outd, lsed, H, D, scr)
+  local R = c.R
+  local scale, softcap = c.scale, c.softcap
+  local group = c.group
+  local sq, sk, offs = s.sq, s.sk, s.offs
+  local qv, sc, o, tmp = scr.qv, scr.sc, scr.o, scr.tmp
+  local slopes, sl_off = c.alibi, c.alibi_bstride and s.b * c.alibi_bstride or 0
+  local left, right, causal = c.left, c.right, c.causal
+  for i = 0, sq - 1 do
+    local r = i + sk - sq -- bottom-right aligned diagonal
+    local jlo, jhi = 0, sk - 1
+    if causal and r < jhi then jhi = r end
+    if left >= 0 and r - left > jlo then jlo = r - left end
+    if right >= 0 and r + right < jhi then jhi = r + right end
+    local n = jhi - jlo + 1
+    if n < 0 then n = 0 end
+    local qpos = s.qpos0 + (c.q_pos_per_token and i or 0)
+    if c.rhalf then
+      assert(qpos >= 0 and qpos < c.seqlen_ro, format(
+        "reference: rotary position %d of q outside rotary_cos rows [0, %d)", qpos, c.seqlen_ro))
+    end
+    for h = 0, H - 1 do
+      local qo = s.q_off + (i * H + h) * D
+      local hk = floor(h / group)
+      if c.rhalf then
+        rotate_into(qd, qo, qv, 0, D, c.rhalf, c.cosd, c.sind, qpos * c.rhalf, c.interleaved)
+      else
+        for d = 1, D do qv[d] = qd[qo + d] end
+      end
+      if R then for d = 1, D do qv[d] = R(qv[d]) end end
+      local slope = slopes and slopes[sl_off + h + 1]
+      -- scores
+      local m = -huge
+      for idx = 1, n do
+        local j = jlo + idx - 1
+        local ko = offs[j + 1] + hk * D
+        local acc = 0
+        for d = 1, D do acc = acc + qv[d] * kd[ko + d] end
+        if R then
+          acc = R(acc)
+          acc = R(acc * scale)
+          if softcap > 0 then acc = R(softcap * R(tanh(R(acc / softcap)))) end
+          if slope then
+            local dist = r - j
+            if dist < 0 then dist = -dist end
+            acc = R(acc - slope * dist)
+          end
+        else
+          acc = acc * scale
+          if softcap > 0 then acc = softcap * tanh(acc / softcap) end
+          if slope then
+            local dist = r - j
+            if dist < 0 then dist = -dist end
+            acc = acc - slope * dist
+          end
+        end
+        sc[idx] = acc
+        if acc > m then m = acc end
+      end
+      for d = 1, D do o[d] = 0 end
+      local lse
+      if n == 0 or m == -huge then
+        lse = -huge
+      else
+        local sum = 0
+        for idx = 1, n do
+          local e = exp(sc[idx] - m)
+          sc[idx] = e
+          sum = sum + e
+        end
+        lse = m + log(sum)
+        for idx = 1, n do
+          local p = sc[idx] / sum
+          if R then p = R(p) end
+          local vo = offs[jlo + idx] + hk * D
+          for d = 1, D do o[d] = o[d] + p * vd[vo + d] end
+        end
+        if R then lse = ROUNDERS.f32(lse) end
+      end
+      if R then
+        for d = 1, D do outd[qo + d] = R(o[d]) end
+      else
+        for d = 1, D do outd[qo + d] = o[d] end
+      end
+      lsed[s.lse_off + h * s.lse_hstride + i + 1] = lse
+    end
+  end
+end
+
+local function scratch(D, maxk)
+  local s = { qv = {}, sc = {}, o = {}, tmp = {} }
+  for d = 1, D do s.qv[d] = 0; s.o[d] = 0; s.tmp[d] = 0 end
+  for j = 1, maxk do s.sc[j] = 0 end
+  return s
+end
+
+local function check_new_kv(opts, shape_expect, name_shape)
+  if (opts.k == nil) ~= (opts.v == nil) then
+    error("reference: opts.k and opts.v must be given together", 3)
+  end
+  if opts.k == nil then
+    if opts.rotary_cos ~= nil or opts.rotary_sin ~= nil then
+      error("reference: rotary_cos/rotary_sin are only allowed with opts.k/opts.v", 3)
+    end
+    return false
+  end
+  local rank = #shape_expect
+  local ks = check_tensor(opts.k, rank, "opts.k")
+  local vs = check_tensor(opts.v, rank, "opts.v")
+  for i = 1, rank do
+    if (shape_expect[i] and ks[i] ~= shape_expect[i]) or ks[i] ~= vs[i] then
+      error(format("reference: opts.k %s / opts.v %s, expected %s", shape_str(ks),
+        shape_str(vs), name_shape), 3)
+    end
+  end
+  return true
+end
+
+-- out, lse = ref.attention_with_kvcache(q, k_cache, v_cache, opts)
+-- q [B, Sq, H, D]; caches [B_cache, S_cache, Hk, D] or paged [num_pages,
+-- page_size, Hk, D] with opts.block_table [B, max_pages]. See the module header
+-- and DESIGN.md for the options. out [B, Sq, H, D], lse [B, H, Sq].
+-- opts.k / opts.v are appended into the caches IN PLACE.
+function ref.attention_with_kvcache(q, k_cache, v_cache, opts)
+  opts = opts or {}
+  local qs = check_tensor(q, 4, "q")
+  local B, Sq, H, D = qs[1], qs[2], qs[3], qs[4]
+  local cache = parse_cache(k_cache, v_cache, opts, B, nil, D)
+  local Hk = cache.Hk
+  local c = parse_common(opts, B, H, Hk, D)
+  local has_new = check_new_kv(opts, { B, false, Hk, D }, format("[%d, S_new, %d, %d]", B, Hk, D))
+  local S_new = has_new and opts.k.shape[2] or 0
+
+  local cs
+  local csl = opts.cache_seqlens
+  if csl == nil then
+    cs = {}
+    for b = 1, B do cs[b] = cache.capacity end
+  elseif type(csl) == "number" then
+    assert(is_int(csl) and csl >= 0, "reference: cache_seqlens must be an integer >= 0")
+    cs = {}
+    for b = 1, B do cs[b] = csl end
+  else
+    cs = int_array(csl, B, "cache_seqlens")
+  end
+
+  local kd, vd = k_cache.data, v_cache.data
+  local seqs = {}
+  local maxk = 0
+  for b = 0, B - 1 do
+    local c0 = cs[b + 1]
+    assert(c0 >= 0, format("reference: cache_seqlens[%d] = %d < 0", b, c0))
+    local sk = c0 + S_new
+    assert(sk <= cache.capacity, format(
+      "reference: batch %d: cache_seqlens %d + %d new tokens exceed the cache capacity %d",
+      b, c0, S_new, cache.capacity))
+    local offs = cache.offsets(b, sk)
+    seqs[b + 1] = { b = b, q_off = b * Sq * H * D, sq = Sq, sk = sk, qpos0 = c0, offs = offs,
+      lse_off = b * H * Sq, lse_hstride = Sq }
+    if sk > maxk then maxk = sk end
+  end
+  local scr = scratch(D, maxk)
+
+  -- appends first (all of them), then attention: a sequence reading a page that
+  -- another sequence appends to sees the appended values.
+  if has_new then
+    for b = 0, B - 1 do
+      local s = seqs[b + 1]
+      append_seq(c, kd, vd, opts.k.data, opts.v.data, b * S_new * Hk * D, S_new, s.qpos0,
+        s.offs, Hk, D, scr.tmp)
+    end
+  end
+
+  local out = ref.tensor({ B, Sq, H, D })
+  local lse = ref.tensor({ B, H, Sq })
+  for b = 1, B do
+    attend_seq(c, seqs[b], q.data, kd, vd, out.data, lse.data, H, D, scr)
+  end
+  return out, lse
+end
+
+-- out, lse = ref.attention_varlen(q, k_cache, v_cache, opts)
+-- q [total_q, H, D]; opts.cu_seqlens_q [B+1]; opts.seqused_k [B] (keys per
+-- sequence after any append); opts.block_table or a contiguous cache (with
+-- optional cache_batch_idx); optional opts.k / opts.v [total_q, Hk, D] appended
+-- at seqused_k[b] - sq_b + i. out [total_q, H, D], lse [H, total_q].
+function ref.attention_varlen(q, k_cache, v_cache, opts)
+  opts = opts or {}
+  local qs = check_tensor(q, 3, "q")
+  local total_q, H, D = qs[1], qs[2], qs[3]
+  local cu = opts.cu_seqlens_q
+  assert(cu ~= nil, "reference.attention_varlen: opts.cu_seqlens_q is required")
+  local cun = (type(cu) == "table" and cu.data) and #cu.data or #cu
+  assert(cun >= 1, "reference.attention_varlen: cu_seqlens_q needs B+1 >= 1 entries")
+  local B = cun - 1
+  cu = int_array(cu, B + 1, "cu_seqlens_q")
+  assert(cu[1] == 0, "reference.attention_varlen: cu_seqlens_q[0] must be 0")
+  for b = 1, B do
+    assert(cu[b + 1] >= cu[b], format(
+      "reference.attention_varlen: cu_seqlens_q decreases at %d", b))
+  end
+  assert(cu[B + 1] == total_q, format(
+    "reference.attention_varlen: cu_seqlens_q[B] = %d but q has %d rows", cu[B + 1], total_q))
+  assert(opts.seqused_k ~= nil, "reference.attention_varlen: opts.seqused_k is required")
+  local used = int_array(opts.seqused_k, B, "seqused_k")
+
+  local cache = parse_cache(k_cache, v_cache, opts, B, nil, D)
+  local Hk = cache.Hk
+  local c = parse_common(opts, B, H, Hk, D)
+  local has_new = check_new_kv(opts, { total_q, Hk, D }, format("[%d, %d, %d]", total_q, Hk, D))
+
+  local kd, vd = k_cache.data, v_cache.data
+  local seqs = {}
+  local maxk = 0
+  for b = 0, B - 1 do
+    local sq = cu[b + 2] - cu[b + 1]
+    local sk = used[b + 1]
+    assert(sk >= 0, format("reference: seqused_k[%d] = %d < 0", b, sk))
+    local pos0 = sk - sq
+    if has_new then
+      assert(pos0 >= 0, format(
+        "reference: sequence %d appends %d tokens but seqused_k is %d", b, sq, sk))
+    end
+    local offs = cache.offsets(b, sk)
+    seqs[b + 1] = { b = b, q_off = cu[b + 1] * H * D, sq = sq, sk = sk, qpos0 = pos0,
+      offs = offs, lse_off = cu[b + 1], lse_hstride = total_q, new_off = cu[b + 1] * Hk * D }
+    if sk > maxk then maxk = sk end
+  end
+  local scr = scratch(D, maxk)
+
+  if has_new then
+    for b = 1, B do
+      local s = seqs[b]
+      append_seq(c, kd, vd, opts.k.data, opts.v.data, s.new_off, s.sq, s.qpos0, s.offs,
+        Hk, D, scr.tmp)
+    end
+  end
+
+  local out = ref.tensor({ total_q, H, D })
+  local lse = ref.tensor({ H, total_q })
+  for b = 1, B do
+    attend_seq(c, seqs[b], q.data, kd, vd, out.data, lse.data, H, D, scr)
+  end
+  return out, lse
+end
+
+return ref

@@ -1,0 +1,245 @@
+-- pagedattn.tensor: devices and tensors over the C handles.
+--   pa.device(name)  pa.tensor(shape, dtype, device)  pa.from_table(values, shape, dtype, device)
+--   pa.randn(shape, dtype, device, seed)  t:to_table()  t.shape  t.dtype  t.device
+local ffi = require "ffi"
+local core = require "pagedattn.core"
+
+local C, ctx, check = core.C, core.ctx, core.check
+
+local M = {}
+
+---------------------------------------------------------------------------
+-- devices
+
+local Device = {}
+Device.__index = Device
+M.Device = Device
+
+local devices = {} -- by canonical name ("cpu", "cuda:0"); one object each
+local default_device
+
+local device_box = ffi.new("pa_device*[1]")
+
+local function wrap_device(handle)
+  local name = ffi.string(C.pa_device_name(handle))
+  local existing = devices[name]
+  if existing then
+    C.pa_device_release(handle) -- we already hold a reference
+    return existing
+  end
+  local dev = setmetatable({
+    handle = ffi.gc(handle, C.pa_device_release),
+    name = name,
+    kind = C.pa_device_get_kind(handle) == 0 and "cpu" or "cuda",
+    index = C.pa_device_index(handle),
+    description = ffi.string(C.pa_device_description(handle)),
+    num_threads = C.pa_device_num_threads(handle),
+  }, Device)
+  devices[name] = dev
+  return dev
+end
+
+-- name: "cpu", "cuda", "cuda:N", or nil for the default ($PAGEDATTN_DEVICE,
+-- else CUDA when usable, else the CPU). Returns the device, or nil, err.
+function M.device(name)
+  if name ~= nil and type(name) ~= "string" then
+    if getmetatable(name) == Device then return name end
+    error("pagedattn.device: name: expected a string, got " .. type(name), 2)
+  end
+  if name == nil and default_device then return default_device end
+  if name and devices[name] then return devices[name] end
+  local ok, err = check(C.pa_device_open(ctx, name, device_box), "device")
+  if not ok then return nil, err end
+  local dev = wrap_device(device_box[0])
+  if name == nil then default_device = dev end
+  return dev
+end
+
+function Device:synchronize()
+  local ok, err = check(C.pa_device_synchronize(ctx, self.handle), "synchronize")
+  if not ok then error(err, 2) end
+  return self
+end
+
+-- Ceilings measured now: read_gbps, copy_gbps, fma_gflops (CPU), matmul_gflops (GPU).
+function Device:ceilings(seconds)
+  local out = ffi.new("pa_ceilings")
+  local ok, err = check(C.pa_device_measure_ceilings(ctx, self.handle, seconds or 0.5, out), "ceilings")
+  if not ok then return nil, err end
+  return {
+    read_gbps = out.read_gbps, copy_gbps = out.copy_gbps, fma_gflops = out.fma_gflops,
+    matmul_gflops = out.matmul_gflops, seconds = out.seconds,
+  }
+end
+
+function Device:__tostring()
+  return "pagedattn.device(" .. self.name .. ": " .. self.description .. ")"
+end
+
+local function resolve_device(dev, fname)
+  if dev == nil then
+    local d, err = M.device()
+    if not d then error(err, 3) end
+    return d
+  end
+  if getmetatable(dev) == Device then return dev end
+  if type(dev) == "string" then
+    local d, err = M.device(dev)
+    if not d then error(err, 3) end
+    return d
+  end
+  error("pagedattn." .. fname .. ": device: expected a device or a name, got " .. type(dev), 3)
+end
+
+---------------------------------------------------------------------------
+-- tensors
+
+local Tensor = {}
+Tensor.__index = Tensor
+M.Tensor = Tensor
+
+local shape_buf = ffi.new("int64_t[8]")
+local tensor_box = ffi.new("pa_tensor*[1]")
+
+local function is_tensor(x) return getmetatable(x) == Tensor end
+M.is_tensor = is_tensor
+
+local function check_shape(shape, fname)
+  if type(shape) ~= "table" then
+    error("pagedattn." .. fname .. ": shape: expected a table of sizes, got " .. type(shape), 3)
+  end
+  if #shape > 8 then error("pagedattn." .. fname .. ": shape: more than 8 dimensions", 3) end
+  local numel = 1
+  for i = 1, #shape do
+    local n = shape[i]
+    if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
+      error("pagedattn." .. fname .. ": shape: dimension " .. i .. " is " .. tostring(n) ..
+            " (expected a whole number >= 0)", 3)
+    end
+    numel = numel * n
+  end
+  return numel
+end
+
+local function check_dtype(dtype, fname)
+  dtype = dtype or "f32"
+  local code = core.dtypes[dtype]
+  if not code then
+    error("pagedattn." .. fname .. ": dtype: '" .. tostring(dtype) ..
+          "' is not one of f32, f16, bf16, i32", 3)
+  end
+  return dtype, code
+end
+
+local function new_tensor(shape, dtype, dev, fname)
+  local numel = check_shape(shape, fname)
+  local code
+  dtype, code = check_dtype(dtype, fname)
+  dev = resolve_device(dev, fname)
+  for i = 1, #shape do shape_buf[i - 1] = shape[i] end
+  local ok, err = check(C.pa_tensor_create(ctx, dev.handle, code, #shape, shape_buf, tensor_box),
+                        fname, 3)
+  if not ok then return nil, err end
+  local copy = {}
+  for i = 1, #shape do copy[i] = shape[i] end
+  return setmetatable({
+    handle = ffi.gc(tensor_box[0], C.pa_tensor_destroy),
+    shape = copy, dtype = dtype, device = dev, numel = numel,
+  }, Tensor)
+end
+M.new_tensor = new_tensor
+
+-- A zero-filled tensor.
+function M.tensor(shape, dtype, device)
+  return new_tensor(shape, dtype, device, "tensor")
+end
+
+-- values: flat 1-based Lua array in row-major order.
+function M.from_table(values, shape, dtype, device)
+  if type(values) ~= "table" then
+    error("pagedattn.from_table: values: expected a table, got " .. type(values), 2)
+  end
+  if shape == nil then shape = { #values } end
+  local t, err = new_tensor(shape, dtype, device, "from_table")
+  if not t then return nil, err end
+  if #values ~= t.numel then
+    error("pagedattn.from_table: values: " .. #values .. " numbers for shape [" ..
+          table.concat(shape, ", ") .. "] (" .. t.numel .. " elements)", 2)
+  end
+  local ok, werr = t:write(values)
+  if not ok then return nil, werr end
+  return t
+end
+
+-- Standard normal values generated on the device from seed (Philox-4x32-10).
+function M.randn(shape, dtype, device, seed)
+  local t, err = new_tensor(shape, dtype or "f32", device, "randn")
+  if not t then return nil, err end
+  if seed ~= nil and (type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed)) then
+    error("pagedattn.randn: seed: expected a whole number >= 0, got " .. tostring(seed), 2)
+  end
+  local ok, ferr = check(C.pa_tensor_fill_randn(ctx, t.handle, seed or 0), "randn")
+  if not ok then return nil, ferr end
+  return t
+end
+
+-- Writes values (flat Lua array, or a double* with count) at element offset (0-based).
+function Tensor:write(values, offset, count)
+  offset = offset or 0
+  local buf
+  if type(values) == "table" then
+    count = count or #values
+    buf = ffi.new("double[?]", count > 0 and count or 1)
+    for i = 1, count do
+      local v = values[i]
+      if type(v) ~= "number" then
+        error("pagedattn.write: values: element " .. i .. " is " .. type(v) .. ", not a number", 2)
+      end
+      buf[i - 1] = v
+    end
+  else
+    buf = values
+  end
+  local ok, err = check(C.pa_tensor_write_f64(ctx, self.handle, offset, buf, count), "write")
+  if not ok then return nil, err end
+  return self
+end
+
+-- Flat 1-based Lua array of numbers (copied to the host).
+function Tensor:to_table()
+  local n = self.numel
+  local buf = ffi.new("double[?]", n > 0 and n or 1)
+  local ok, err = check(C.pa_tensor_read_f64(ctx, self.handle, 0, buf, n), "to_table")
+  if not ok then error(err, 2) end
+  local out = {}
+  for i = 1, n do out[i] = buf[i - 1] end
+  return out
+end
+
+function Tensor:fill(value)
+  local ok, err = check(C.pa_tensor_fill(ctx, self.handle, value), "fill")
+  if not ok then error(err, 2) end
+  return self
+end
+
+-- Copies src (same device, dtype and size) into self.
+function Tensor:copy_from(src)
+  if not is_tensor(src) then error("pagedattn.copy_from: src: expected a tensor", 2) end
+  local ok, err = check(C.pa_tensor_copy(ctx, self.handle, src.handle), "copy_from")
+  if not ok then error(err, 2) end
+  return self
+end
+
+function Tensor:clone()
+  local t = assert(new_tensor(self.shape, self.dtype, self.device, "clone"))
+  return t:copy_from(self)
+end
+
+function Tensor:data_ptr() return C.pa_tensor_data(self.handle) end
+
+function Tensor:__tostring()
+  return string.format("pagedattn.tensor([%s], %s, %s)", table.concat(self.shape, ", "),
+                       self.dtype, self.device.name)
+end
+
+return M

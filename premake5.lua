@@ -1,0 +1,43 @@
+-- premake5.lua -- the build of libpagedattn.
+-- Works with Debian's premake4 (`premake4 --file=premake5.lua gmake`) and with
+-- premake5 (`premake5 gmake2`); it keeps to the API both understand.
+--   release: build/lib/libpagedattn.so        (make -C build config=release)
+--   debug:   build/debug/lib/libpagedattn.so  (AddressSanitizer + UBSan)
+-- Kernels in kernels/ are not compiled here: NVRTC compiles them at run time.
+
+local function when(cfg)
+  if filter then filter("configurations:" .. cfg) else configuration(cfg) end
+end
+local function always()
+  if filter then filter({}) else configuration({}) end
+end
+
+solution "pagedattn"
+  configurations { "release", "debug" }
+  location "build"
+  language "C"
+
+project "pagedattn"
+  kind "SharedLib"
+  location "build"
+  files { "src/*.h", "src/core/*.c", "src/core/*.h", "src/cpu/*.c", "src/cpu/*.h",
+          "src/cpu/*.inc", "src/cuda/*.c", "src/cuda/*.h" }
+  includedirs { "src" }
+  buildoptions { "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                 "-fno-strict-aliasing", "-pthread", "-fvisibility=default" }
+  linkoptions { "-pthread" }
+  links { "m", "dl", "pthread" }
+
+  when "release"
+    targetdir "build/lib"
+    objdir "build/obj/release"
+    buildoptions { "-O3", "-g" }
+    defines { "NDEBUG" }
+
+  when "debug"
+    targetdir "build/debug/lib"
+    objdir "build/obj/debug"
+    buildoptions { "-O1", "-g", "-fno-omit-frame-pointer",
+                   "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined" }
+    linkoptions { "-fsanitize=address,undefined" }
+  always()

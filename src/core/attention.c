@@ -1,0 +1,552 @@
+/*
+ * attention.c -- argument validation for the two attention entry points and
+ * their normalisation into one pa_attn_problem for the backends.
+ *
+ * Everything is checked before anything is written: a failed call leaves the
+ * caches and outputs untouched. Messages start with the offending argument's
+ * name, as the Lua API spells it.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+void pa_attention_params_init(pa_attention_params *p) {
+    if (!p) return;
+    memset(p, 0, sizeof *p);
+    p->cache_seqlen = -1;
+    p->window_left = -1;
+    p->window_right = -1;
+    p->rotary_interleaved = 1;
+}
+
+typedef struct scratch {
+    /* host copies of device index tensors, and per-sequence arrays */
+    void *owned[16];
+    int n;
+} scratch;
+
+static void *scratch_alloc(scratch *s, size_t bytes) {
+    if (s->n >= (int)(sizeof s->owned / sizeof s->owned[0])) return NULL;
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (p) s->owned[s->n++] = p;
+    return p;
+}
+
+static void scratch_free(scratch *s) {
+    for (int i = 0; i < s->n; i++) free(s->owned[i]);
+    s->n = 0;
+}
+
+static bool is_float(pa_dtype d) { return d == PA_F32 || d == PA_F16 || d == PA_BF16; }
+
+/* Shape check: dims[i] < 0 means "any"; writes what was found into the message. */
+static pa_status check_shape(pa_context *ctx, const char *name, const pa_tensor *t,
+                             const char *layout, int ndim, const int64_t *dims) {
+    char got[160];
+    if (t->ndim != ndim)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: expected %d dimensions %s, got shape %s", name,
+                       ndim, layout, pa_shape_str(t, got, sizeof got));
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] >= 0 && t->shape[i] != dims[i]) {
+            char want[160];
+            size_t n = (size_t)snprintf(want, sizeof want, "[");
+            for (int j = 0; j < ndim && n < sizeof want; j++) {
+                if (dims[j] >= 0)
+                    n += (size_t)snprintf(want + n, sizeof want - n, "%s%lld", j ? ", " : "",
+                                          (long long)dims[j]);
+                else
+                    n += (size_t)snprintf(want + n, sizeof want - n, "%s*", j ? ", " : "");
+            }
+            if (n < sizeof want) snprintf(want + n, sizeof want - n, "]");
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: expected shape %s %s, got %s", name, want,
+                           layout, pa_shape_str(t, got, sizeof got));
+        }
+    }
+    return PA_OK;
+}
+
+static pa_status check_common(pa_context *ctx, const char *name, const pa_tensor *t,
+                              const pa_device *dev) {
+    if (t->dev != dev)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: on device %s, but q is on %s", name,
+                       t->dev->name, dev->name);
+    return PA_OK;
+}
+
+static pa_status check_dtype(pa_context *ctx, const char *name, const pa_tensor *t, pa_dtype want) {
+    if (t->dtype != want)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: dtype %s, expected %s", name,
+                       pa_dtype_name(t->dtype), pa_dtype_name(want));
+    return PA_OK;
+}
+
+/* Host view of an i32 tensor (a copy when it lives on a GPU). */
+static pa_status host_i32(pa_context *ctx, scratch *s, const pa_tensor *t, const int32_t **out) {
+    if (t->dev->host_accessible || t->numel == 0) {
+        *out = t->data;
+        return PA_OK;
+    }
+    int32_t *buf = scratch_alloc(s, t->bytes);
+    if (!buf) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    pa_status st = t->dev->ops->download(ctx, t->dev, buf, t->data, t->bytes);
+    if (st) return st;
+    *out = buf;
+    return PA_OK;
+}
+
+#define TRY(expr)                      \
+    do {                               \
+        pa_status st_ = (expr);        \
+        if (st_ != PA_OK) return st_;  \
+    } while (0)
+
+/* The checks and derivations both forms share, after the form-specific code has
+ * filled batch, seqlen arrays and the q/out/lse layouts. */
+static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bool varlen,
+                               pa_attn_problem *pb, scratch *s) {
+    const pa_tensor *q = p->q;
+    pa_device *dev = q->dev;
+    const int32_t B = pb->batch, H = pb->heads, D = pb->head_dim;
+    const char *q_layout = varlen ? "[total_q, H, D]" : "[B, Sq, H, D]";
+    const char *kv_layout_new = varlen ? "[total_q, Hk, D]" : "[B, S_new, Hk, D]";
+
+    /* caches */
+    const pa_tensor *kc = p->k_cache, *vc = p->v_cache;
+    if (!kc) return pa_fail(ctx, PA_ERR_ARGUMENT, "k_cache: missing");
+    if (!vc) return pa_fail(ctx, PA_ERR_ARGUMENT, "v_cache: missing");
+    TRY(check_common(ctx, "k_cache", kc, dev));
+    TRY(check_common(ctx, "v_cache", vc, dev));
+    const bool paged = p->block_table != NULL;
+    const char *cache_layout = paged ? "[num_pages, page_size, Hk, D]" : "[B_cache, S_cache, Hk, D]";
+    {
+        int64_t dims[4] = {-1, -1, -1, D};
+        TRY(check_shape(ctx, "k_cache", kc, cache_layout, 4, dims));
+    }
+    TRY(check_dtype(ctx, "k_cache", kc, q->dtype));
+    {
+        int64_t dims[4] = {kc->shape[0], kc->shape[1], kc->shape[2], D};
+        TRY(check_shape(ctx, "v_cache", vc, cache_layout, 4, dims));
+    }
+    TRY(check_dtype(ctx, "v_cache", vc, q->dtype));
+    const int64_t Hk = kc->shape[2];
+    if (Hk <= 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "k_cache: has 0 kv heads");
+    if (H % Hk != 0)
+        return pa_fail(ctx, PA_ERR_ARGUMENT,
+                       "q: %d heads is not a multiple of the %lld kv heads of k_cache", H,
+                       (long long)Hk);
+    if (kc->shape[1] <= 0 && (paged || kc->shape[0] > 0))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "k_cache: %s must be >= 1",
+                       paged ? "page_size" : "S_cache");
+    if (kc->shape[1] > INT32_MAX)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "k_cache: dimension 2 (%lld) exceeds 2^31 - 1",
+                       (long long)kc->shape[1]);
+    pb->kv_heads = (int32_t)Hk;
+    pb->group = H / (int32_t)Hk;
+    pb->k_cache = kc->data;
+    pb->v_cache = vc->data;
+    pb->num_pages = kc->shape[0];
+    pb->page_size = (int32_t)kc->shape[1];
+    pb->paged = paged;
+
+    /* block table / batch index */
+    int64_t capacity; /* keys a sequence can hold */
+    if (paged) {
+        const pa_tensor *bt = p->block_table;
+        TRY(check_common(ctx, "block_table", bt, dev));
+        TRY(check_dtype(ctx, "block_table", bt, PA_I32));
+        int64_t dims[2] = {B, -1};
+        TRY(check_shape(ctx, "block_table", bt, "[B, max_pages]", 2, dims));
+        if (p->cache_batch_idx)
+            return pa_fail(ctx, PA_ERR_ARGUMENT,
+                           "cache_batch_idx: not supported with a paged cache (block_table given)");
+        pb->block_table = bt->data;
+        pb->bt_stride = bt->shape[1];
+        TRY(host_i32(ctx, s, bt, &pb->h_block_table));
+        capacity = bt->shape[1] * pb->page_size;
+    } else {
+        if (p->cache_batch_idx) {
+            const pa_tensor *cb = p->cache_batch_idx;
+            TRY(check_common(ctx, "cache_batch_idx", cb, dev));
+            TRY(check_dtype(ctx, "cache_batch_idx", cb, PA_I32));
+            int64_t dims[1] = {B};
+            TRY(check_shape(ctx, "cache_batch_idx", cb, "[B]", 1, dims));
+            TRY(host_i32(ctx, s, cb, &pb->h_cache_batch_idx));
+            for (int32_t b = 0; b < B; b++) {
+                int32_t v = pb->h_cache_batch_idx[b];
+                if (v < 0 || v >= kc->shape[0])
+                    return pa_fail(ctx, PA_ERR_ARGUMENT,
+                                   "cache_batch_idx: entry %d is %d, outside the cache's batch "
+                                   "[0, %lld)",
+                                   b, v, (long long)kc->shape[0]);
+            }
+            pb->cache_batch_idx = cb->data;
+        } else if (kc->shape[0] != B) {
+            return pa_fail(ctx, PA_ERR_ARGUMENT,
+                           "k_cache: batch %lld differs from q's batch %d (pass cache_batch_idx "
+                           "or block_table)",
+                           (long long)kc->shape[0], B);
+        }
+        capacity = kc->shape[1];
+    }
+
+    /* new k/v */
+    if ((p->k != NULL) != (p->v != NULL))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s", p->k ? "v: missing (k was given; pass both or neither)"
+                                                        : "k: missing (v was given; pass both or neither)");
+    int64_t s_new = 0;
+    if (p->k) {
+        TRY(check_common(ctx, "k", p->k, dev));
+        TRY(check_common(ctx, "v", p->v, dev));
+        if (varlen) {
+            int64_t dims[3] = {pb->total_q, Hk, D};
+            TRY(check_shape(ctx, "k", p->k, kv_layout_new, 3, dims));
+            TRY(check_shape(ctx, "v", p->v, kv_layout_new, 3, dims));
+        } else {
+            int64_t dims[4] = {B, -1, Hk, D};
+            TRY(check_shape(ctx, "k", p->k, kv_layout_new, 4, dims));
+            dims[1] = p->k->shape[1];
+            TRY(check_shape(ctx, "v", p->v, kv_layout_new, 4, dims));
+            s_new = p->k->shape[1];
+        }
+        TRY(check_dtype(ctx, "k", p->k, q->dtype));
+        TRY(check_dtype(ctx, "v", p->v, q->dtype));
+        pb->k_new = p->k->data;
+        pb->v_new = p->v->data;
+    }
+
+    /* rotary */
+    if ((p->rotary_cos != NULL) != (p->rotary_sin != NULL))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s",
+                       p->rotary_cos ? "rotary_sin: missing (rotary_cos was given)"
+                                     : "rotary_cos: missing (rotary_sin was given)");
+    if (p->rotary_cos) {
+        if (!p->k)
+            return pa_fail(ctx, PA_ERR_ARGUMENT,
+                           "rotary_cos: rotary embedding needs new k and v to append");
+        const pa_tensor *rc = p->rotary_cos, *rs = p->rotary_sin;
+        TRY(check_common(ctx, "rotary_cos", rc, dev));
+        TRY(check_common(ctx, "rotary_sin", rs, dev));
+        if (!is_float(rc->dtype))
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "rotary_cos: dtype %s, expected f32, f16 or bf16",
+                           pa_dtype_name(rc->dtype));
+        int64_t dims[2] = {-1, -1};
+        TRY(check_shape(ctx, "rotary_cos", rc, "[seqlen_ro, rotary_dim / 2]", 2, dims));
+        int64_t dims2[2] = {rc->shape[0], rc->shape[1]};
+        TRY(check_shape(ctx, "rotary_sin", rs, "[seqlen_ro, rotary_dim / 2]", 2, dims2));
+        TRY(check_dtype(ctx, "rotary_sin", rs, rc->dtype));
+        if (rc->shape[1] < 1 || 2 * rc->shape[1] > D)
+            return pa_fail(ctx, PA_ERR_ARGUMENT,
+                           "rotary_cos: rotary_dim = 2 * %lld must be in [2, head dim %d]",
+                           (long long)rc->shape[1], D);
+        pb->rotary_cos = rc->data;
+        pb->rotary_sin = rs->data;
+        pb->rotary_dtype = rc->dtype;
+        pb->rotary_dim = (int32_t)(2 * rc->shape[1]);
+        pb->seqlen_ro = rc->shape[0];
+        pb->rotary_interleaved = p->rotary_interleaved != 0;
+    }
+
+    /* alibi */
+    if (p->alibi_slopes) {
+        const pa_tensor *a = p->alibi_slopes;
+        TRY(check_common(ctx, "alibi_slopes", a, dev));
+        TRY(check_dtype(ctx, "alibi_slopes", a, PA_F32));
+        if (a->ndim == 1) {
+            int64_t dims[1] = {H};
+            TRY(check_shape(ctx, "alibi_slopes", a, "[H]", 1, dims));
+            pb->alibi_batch_stride = 0;
+        } else {
+            int64_t dims[2] = {B, H};
+            TRY(check_shape(ctx, "alibi_slopes", a, "[B, H]", 2, dims));
+            pb->alibi_batch_stride = H;
+        }
+        pb->alibi = a->data;
+    }
+
+    /* masking and scalars */
+    if (p->window_left < -1)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "window_size: left is %d (use -1 for unbounded)", p->window_left);
+    if (p->window_right < -1)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "window_size: right is %d (use -1 for unbounded)", p->window_right);
+    if (!(p->softcap >= 0) || isinf(p->softcap))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "softcap: %g must be a finite number >= 0", (double)p->softcap);
+    if (!isfinite(p->softmax_scale))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "softmax_scale: %g is not finite", (double)p->softmax_scale);
+    if (p->num_splits < 0)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "num_splits: %d must be >= 0", p->num_splits);
+    pb->causal = p->causal != 0;
+    pb->window_left = p->window_left;
+    pb->window_right = pb->causal ? 0 : p->window_right;
+    if (pb->causal && p->window_right > 0)
+        pb->window_right = 0; /* causal wins, as in flash-attention */
+    pb->softcap = p->softcap;
+    pb->scale = p->softmax_scale != 0 ? p->softmax_scale : (float)(1.0 / sqrt((double)D));
+    pb->num_splits = p->num_splits;
+    pb->rope_q_step = pb->causal || pb->window_left >= 0 || pb->window_right >= 0;
+
+    /* per-sequence key lengths, append positions, and the checks that need them */
+    int32_t *seqlen_k = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
+    int32_t *num_new = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
+    int32_t *append_pos = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
+    int64_t *new_row = scratch_alloc(s, sizeof(int64_t) * (size_t)B);
+    if (!seqlen_k || !num_new || !append_pos || !new_row)
+        return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+
+    const int32_t *h_cache_seqlens = NULL, *h_seqused = NULL;
+    if (!varlen && p->cache_seqlens) {
+        const pa_tensor *cs = p->cache_seqlens;
+        TRY(check_common(ctx, "cache_seqlens", cs, dev));
+        TRY(check_dtype(ctx, "cache_seqlens", cs, PA_I32));
+        int64_t dims[1] = {B};
+        TRY(check_shape(ctx, "cache_seqlens", cs, "[B]", 1, dims));
+        TRY(host_i32(ctx, s, cs, &h_cache_seqlens));
+    }
+    if (varlen) {
+        const pa_tensor *su = p->seqused_k;
+        TRY(host_i32(ctx, s, su, &h_seqused));
+    }
+    if (!varlen && !p->cache_seqlens && p->cache_seqlen < -1)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "cache_seqlens: %lld is negative", (long long)p->cache_seqlen);
+    if (!varlen && p->k && !p->cache_seqlens && p->cache_seqlen < 0)
+        return pa_fail(ctx, PA_ERR_ARGUMENT,
+                       "cache_seqlens: required when appending k and v (where do they go?)");
+
+    int64_t total_new = 0;
+    int32_t max_k = 0;
+    for (int32_t b = 0; b < B; b++) {
+        const int32_t sq = pb->h_seqlen_q[b];
+        int64_t before, nn, sk;
+        if (varlen) {
+            nn = p->k ? sq : 0;
+            sk = h_seqused[b];
+            if (sk < 0)
+                return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: entry %d is %lld (negative)", b, (long long)sk);
+            before = sk - nn;
+            if (before < 0)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "seqused_k: entry %d is %lld, fewer than the sequence's %lld new "
+                               "tokens (seqused_k counts the appended k/v)",
+                               b, (long long)sk, (long long)nn);
+            if (sk > capacity)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "seqused_k: entry %d is %lld, beyond the capacity of %lld keys "
+                               "(%s)",
+                               b, (long long)sk, (long long)capacity,
+                               paged ? "block_table columns * page_size" : "S_cache");
+            new_row[b] = pb->h_q_start[b];
+        } else {
+            nn = s_new;
+            before = h_cache_seqlens ? h_cache_seqlens[b]
+                                     : (p->cache_seqlen >= 0 ? p->cache_seqlen : capacity);
+            if (before < 0)
+                return pa_fail(ctx, PA_ERR_ARGUMENT, "cache_seqlens: entry %d is %lld (negative)",
+                               b, (long long)before);
+            sk = before + nn;
+            if (sk > capacity)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "cache_seqlens: sequence %d holds %lld keys + %lld new > capacity "
+                               "%lld (%s)",
+                               b, (long long)before, (long long)nn, (long long)capacity,
+                               paged ? "block_table columns * page_size" : "S_cache");
+            new_row[b] = (int64_t)b * s_new;
+        }
+        if (pb->rotary_cos) {
+            int64_t last = before + (nn > 0 ? nn - 1 : 0);
+            int64_t last_q = before + (pb->rope_q_step && sq > 0 ? sq - 1 : 0);
+            if (last_q > last) last = last_q;
+            if ((nn > 0 || sq > 0) && last >= pb->seqlen_ro)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "rotary_cos: has %lld positions, sequence %d needs position %lld",
+                               (long long)pb->seqlen_ro, b, (long long)last);
+        }
+        if (paged) {
+            int64_t pages = (sk + pb->page_size - 1) / pb->page_size;
+            const int32_t *row = pb->h_block_table + (int64_t)b * pb->bt_stride;
+            for (int64_t j = 0; j < pages; j++)
+                if (row[j] < 0 || row[j] >= pb->num_pages)
+                    return pa_fail(ctx, PA_ERR_ARGUMENT,
+                                   "block_table: entry [%d, %lld] is %d, outside the pool of %lld "
+                                   "pages",
+                                   b, (long long)j, row[j], (long long)pb->num_pages);
+        }
+        seqlen_k[b] = (int32_t)sk;
+        num_new[b] = (int32_t)nn;
+        append_pos[b] = (int32_t)before;
+        total_new += nn;
+        if (sk > max_k) max_k = (int32_t)sk;
+    }
+    pb->h_seqlen_k = seqlen_k;
+    pb->h_num_new = num_new;
+    pb->h_append_pos = append_pos;
+    pb->h_new_start_row = new_row;
+    pb->max_seqlen_k = max_k;
+    pb->total_new = total_new;
+
+    /* outputs */
+    if (!p->out) return pa_fail(ctx, PA_ERR_ARGUMENT, "out: missing");
+    TRY(check_common(ctx, "out", p->out, dev));
+    TRY(check_dtype(ctx, "out", p->out, q->dtype));
+    {
+        int64_t dims[PA_MAX_DIMS];
+        for (int i = 0; i < q->ndim; i++) dims[i] = q->shape[i];
+        TRY(check_shape(ctx, "out", p->out, q_layout, q->ndim, dims));
+    }
+    if (p->out == q || p->out == kc || p->out == vc)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "out: must not be q or a cache");
+    pb->out = p->out->data;
+    if (p->softmax_lse) {
+        const pa_tensor *l = p->softmax_lse;
+        TRY(check_common(ctx, "softmax_lse", l, dev));
+        TRY(check_dtype(ctx, "softmax_lse", l, PA_F32));
+        if (varlen) {
+            int64_t dims[2] = {H, pb->total_q};
+            TRY(check_shape(ctx, "softmax_lse", l, "[H, total_q]", 2, dims));
+        } else {
+            int64_t dims[3] = {B, H, q->shape[1]};
+            TRY(check_shape(ctx, "softmax_lse", l, "[B, H, Sq]", 3, dims));
+        }
+        pb->lse = l->data;
+    }
+    if (kc == vc) return pa_fail(ctx, PA_ERR_ARGUMENT, "v_cache: is the same tensor as k_cache");
+    return PA_OK;
+}
+
+static pa_status check_q(pa_context *ctx, const pa_attention_params *p, int ndim, const char *layout) {
+    if (!p) return pa_fail(ctx, PA_ERR_ARGUMENT, "params: NULL");
+    if (!p->q) return pa_fail(ctx, PA_ERR_ARGUMENT, "q: missing");
+    const pa_tensor *q = p->q;
+    int64_t dims[4] = {-1, -1, -1, -1};
+    TRY(check_shape(ctx, "q", q, layout, ndim, dims));
+    if (!is_float(q->dtype))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "q: dtype %s, expected f32, f16 or bf16", pa_dtype_name(q->dtype));
+    int64_t H = q->shape[ndim - 2], D = q->shape[ndim - 1];
+    if (D < 1 || D > PA_MAX_HEAD_DIM)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "q: head dim %lld is not in [1, %d]", (long long)D, PA_MAX_HEAD_DIM);
+    if (H < 1 || H > 65536) return pa_fail(ctx, PA_ERR_ARGUMENT, "q: %lld heads is not in [1, 65536]", (long long)H);
+    for (int i = 0; i < ndim - 2; i++)
+        if (q->shape[i] > INT32_MAX)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "q: dimension %d (%lld) exceeds 2^31 - 1", i + 1, (long long)q->shape[i]);
+    return PA_OK;
+}
+
+static pa_status run(pa_context *ctx, pa_attn_problem *pb) {
+    if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
+    return pb->dev->ops->attention(ctx, pb);
+}
+
+pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *p) {
+    TRY(check_q(ctx, p, 4, "[B, Sq, H, D]"));
+    if (p->cu_seqlens_q)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: belongs to attention_varlen");
+    if (p->seqused_k) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: belongs to attention_varlen");
+    const pa_tensor *q = p->q;
+    pa_attn_problem pb;
+    memset(&pb, 0, sizeof pb);
+    scratch s = {{0}, 0};
+    pb.dev = q->dev;
+    pb.dtype = q->dtype;
+    pb.batch = (int32_t)q->shape[0];
+    const int32_t B = pb.batch, Sq = (int32_t)q->shape[1];
+    pb.heads = (int32_t)q->shape[2];
+    pb.head_dim = (int32_t)q->shape[3];
+    pb.total_q = (int64_t)B * Sq;
+    pb.max_seqlen_q = Sq;
+    pb.q = q->data;
+    pb.lse_head_stride = Sq;
+    int32_t *sq = scratch_alloc(&s, sizeof(int32_t) * (size_t)B);
+    int64_t *qs = scratch_alloc(&s, sizeof(int64_t) * (size_t)B);
+    int64_t *ls = scratch_alloc(&s, sizeof(int64_t) * (size_t)B);
+    pa_status st = PA_OK;
+    if (!sq || !qs || !ls) {
+        st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    } else {
+        for (int32_t b = 0; b < B; b++) {
+            sq[b] = Sq;
+            qs[b] = (int64_t)b * Sq;
+            ls[b] = (int64_t)b * pb.heads * Sq;
+        }
+        pb.h_seqlen_q = sq;
+        pb.h_q_start = qs;
+        pb.h_lse_start = ls;
+        st = build_problem(ctx, p, false, &pb, &s);
+        if (st == PA_OK) st = run(ctx, &pb);
+    }
+    scratch_free(&s);
+    return st;
+}
+
+pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
+    TRY(check_q(ctx, p, 3, "[total_q, H, D]"));
+    if (p->cache_seqlens)
+        return pa_fail(ctx, PA_ERR_ARGUMENT,
+                       "cache_seqlens: belongs to attention_with_kvcache (varlen uses seqused_k)");
+    const pa_tensor *q = p->q, *cu = p->cu_seqlens_q, *su = p->seqused_k;
+    pa_device *dev = q->dev;
+    if (!cu) return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: missing");
+    if (!su) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: missing");
+    TRY(check_common(ctx, "cu_seqlens_q", cu, dev));
+    TRY(check_dtype(ctx, "cu_seqlens_q", cu, PA_I32));
+    if (cu->ndim != 1 || cu->shape[0] < 1) {
+        char got[160];
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: expected shape [B + 1], got %s",
+                       pa_shape_str(cu, got, sizeof got));
+    }
+    const int32_t B = (int32_t)(cu->shape[0] - 1);
+    TRY(check_common(ctx, "seqused_k", su, dev));
+    TRY(check_dtype(ctx, "seqused_k", su, PA_I32));
+    {
+        int64_t dims[1] = {B};
+        TRY(check_shape(ctx, "seqused_k", su, "[B]", 1, dims));
+    }
+    pa_attn_problem pb;
+    memset(&pb, 0, sizeof pb);
+    scratch s = {{0}, 0};
+    pb.dev = dev;
+    pb.dtype = q->dtype;
+    pb.varlen = true;
+    pb.batch = B;
+    pb.heads = (int32_t)q->shape[1];
+    pb.head_dim = (int32_t)q->shape[2];
+    pb.total_q = q->shape[0];
+    pb.q = q->data;
+    pb.lse_head_stride = pb.total_q;
+    const int32_t *h_cu = NULL;
+    int32_t *sq = scratch_alloc(&s, sizeof(int32_t) * (size_t)(B ? B : 1));
+    int64_t *qs = scratch_alloc(&s, sizeof(int64_t) * (size_t)(B ? B : 1));
+    int64_t *ls = scratch_alloc(&s, sizeof(int64_t) * (size_t)(B ? B : 1));
+    pa_status st = PA_OK;
+    if (!sq || !qs || !ls) st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    if (st == PA_OK) st = host_i32(ctx, &s, cu, &h_cu);
+    if (st == PA_OK && h_cu[0] != 0)
+        st = pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: first entry is %d, expected 0", h_cu[0]);
+    int32_t max_q = 0;
+    for (int32_t b = 0; st == PA_OK && b < B; b++) {
+        int64_t len = (int64_t)h_cu[b + 1] - h_cu[b];
+        if (len < 0)
+            st = pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: decreases at entry %d (%d after %d)",
+                         b + 1, h_cu[b + 1], h_cu[b]);
+        sq[b] = (int32_t)len;
+        qs[b] = h_cu[b];
+        ls[b] = h_cu[b];
+        if (len > max_q) max_q = (int32_t)len;
+    }
+    if (st == PA_OK && h_cu[B] != pb.total_q)
+        st = pa_fail(ctx, PA_ERR_ARGUMENT,
+                     "cu_seqlens_q: last entry is %d, but q has %lld rows (total_q)", h_cu[B],
+                     (long long)pb.total_q);
+    if (st == PA_OK && p->max_seqlen_q != 0 && p->max_seqlen_q < max_q)
+        st = pa_fail(ctx, PA_ERR_ARGUMENT,
+                     "max_seqlen_q: %d is less than the longest sequence's %d queries",
+                     p->max_seqlen_q, max_q);
+    if (st == PA_OK) {
+        pb.max_seqlen_q = max_q;
+        pb.h_seqlen_q = sq;
+        pb.h_q_start = qs;
+        pb.h_lse_start = ls;
+        st = build_problem(ctx, p, true, &pb, &s);
+        if (st == PA_OK) st = run(ctx, &pb);
+    }
+    scratch_free(&s);
+    return st;
+}

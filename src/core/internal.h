@@ -1,0 +1,296 @@
+/*
+ * internal.h -- what the core and the backends share and users never see:
+ * the handle structs, the backend vtable, the normalised attention problem,
+ * error helpers and scalar dtype conversions.
+ */
+#ifndef PA_INTERNAL_H
+#define PA_INTERNAL_H
+
+#include "../pagedattn.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#define PA_MAX_DIMS 8
+#define PA_MAX_HEAD_DIM 256
+#define PA_ERRMSG_LEN 4096
+
+struct pa_context {
+    pa_status status;
+    char message[PA_ERRMSG_LEN];
+};
+
+/* Records a failure on ctx (may be NULL) and returns status, so that callers
+ * can write `return pa_fail(ctx, PA_ERR_ARGUMENT, "q: ...")`. */
+pa_status pa_fail(pa_context *ctx, pa_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prefixes the message already on ctx ("where: old message"). */
+pa_status pa_fail_prefix(pa_context *ctx, pa_status status, const char *where);
+
+typedef struct pa_attn_problem pa_attn_problem;
+
+/* A backend: one implementation of this table per kind of device.
+ * Memory returned by alloc is zero-filled. */
+typedef struct pa_backend_ops {
+    const char *name;
+    pa_status (*alloc)(pa_context *ctx, pa_device *dev, size_t bytes, void **out);
+    void (*free)(pa_device *dev, void *ptr);
+    pa_status (*upload)(pa_context *ctx, pa_device *dev, void *dst, const void *src,
+                        size_t bytes);
+    pa_status (*download)(pa_context *ctx, pa_device *dev, void *dst, const void *src,
+                          size_t bytes);
+    pa_status (*copy)(pa_context *ctx, pa_device *dev, void *dst, const void *src,
+                      size_t bytes);
+    pa_status (*fill)(pa_context *ctx, pa_tensor *t, double value);
+    pa_status (*fill_randn)(pa_context *ctx, pa_tensor *t, uint64_t seed);
+    pa_status (*attention)(pa_context *ctx, const pa_attn_problem *p);
+    pa_status (*synchronize)(pa_context *ctx, pa_device *dev);
+    pa_status (*measure_ceilings)(pa_context *ctx, pa_device *dev, double seconds,
+                                  pa_ceilings *out);
+    void (*destroy)(pa_device *dev);
+} pa_backend_ops;
+
+struct pa_device {
+    atomic_int refcount;
+    pa_device_kind kind;
+    int index;
+    bool host_accessible; /* tensor data can be read by the host directly */
+    char name[32];
+    char description[256];
+    int num_threads;
+    const pa_backend_ops *ops;
+    void *impl;
+};
+
+void pa_device_retain(pa_device *dev);
+
+struct pa_tensor {
+    pa_device *dev; /* holds a reference */
+    pa_dtype dtype;
+    int ndim;
+    int64_t shape[PA_MAX_DIMS];
+    int64_t numel;
+    size_t bytes;
+    void *data;
+};
+
+/* ---- the normalised attention problem -------------------------------------
+ * Both public forms (with_kvcache, varlen) are validated by the core and turned
+ * into this one description; backends implement only this.
+ *
+ * Layouts (elements, 64-bit offsets; all tensors dense):
+ *   q, out:  row r = q_start[b] + i (i < seqlen_q[b]); offset r*H*D + h*D + d
+ *   k, v:    new row r = new_start_row[b] + i (i < num_new[b]); offset r*Hk*D + hk*D + d
+ *   caches:  [num_pages, page_size, Hk, D]; token t of sequence b lives in page
+ *            page_of(b, t) at slot t % page_size, where page_of is
+ *            block_table[b * bt_stride + t / page_size] when paged, and
+ *            (cache_batch_idx ? cache_batch_idx[b] : b) for a contiguous cache,
+ *            which is the same thing with page_size = S_cache.
+ *   lse:     lse_start[b] + h * lse_head_stride + i
+ * The new tokens of sequence b go to key positions
+ *   append_pos[b] .. append_pos[b] + num_new[b] - 1, and seqlen_k[b] counts them.
+ * Rotary position of query i: append_pos[b] + (rope_q_step ? i : 0).
+ * Device pointers (used by kernels) live next to host copies (h_...) of the
+ * small index arrays, which the core always provides. */
+struct pa_attn_problem {
+    pa_device *dev;
+    pa_dtype dtype;
+    bool varlen;
+    int32_t batch, heads, kv_heads, group, head_dim;
+    int64_t total_q;
+    int32_t max_seqlen_q, max_seqlen_k;
+
+    const void *q;
+    void *out;
+    float *lse; /* maybe */
+    int64_t lse_head_stride;
+
+    void *k_cache, *v_cache;
+    int64_t num_pages;
+    int32_t page_size;
+    bool paged;
+    const int32_t *block_table; /* device pointer, maybe */
+    int64_t bt_stride;
+    const int32_t *cache_batch_idx; /* device pointer, maybe */
+
+    const void *k_new, *v_new; /* maybe */
+    const void *rotary_cos, *rotary_sin; /* maybe */
+    pa_dtype rotary_dtype;
+    int32_t rotary_dim;
+    int64_t seqlen_ro;
+    bool rotary_interleaved;
+    bool rope_q_step;
+
+    const float *alibi; /* maybe */
+    int64_t alibi_batch_stride;
+
+    float scale, softcap;
+    bool causal;
+    int32_t window_left, window_right; /* -1: unbounded; causal => right = 0 */
+    int32_t num_splits;
+
+    /* host arrays, length batch (owned by the core for the call) */
+    const int32_t *h_seqlen_q, *h_seqlen_k, *h_num_new, *h_append_pos;
+    const int64_t *h_q_start, *h_new_start_row, *h_lse_start;
+    const int32_t *h_block_table;     /* maybe: host copy of block_table */
+    const int32_t *h_cache_batch_idx; /* maybe */
+    int64_t total_new;
+};
+
+/* Key range that query i of a sequence may attend: [*lo, *hi). */
+static inline void pa_mask_range(const pa_attn_problem *p, int32_t seqlen_q,
+                                 int32_t seqlen_k, int32_t i, int32_t *lo, int32_t *hi) {
+    int64_t r = (int64_t)i + seqlen_k - seqlen_q; /* bottom-right aligned diagonal */
+    int64_t l = 0, h = seqlen_k;
+    if (p->window_left >= 0 && r - p->window_left > l) l = r - p->window_left;
+    if (p->window_right >= 0 && r + p->window_right + 1 < h) h = r + p->window_right + 1;
+    if (h < l) h = l;
+    if (l > seqlen_k) l = h = seqlen_k;
+    if (h < 0) l = h = 0;
+    *lo = (int32_t)l;
+    *hi = (int32_t)h;
+}
+
+/* ---- scalar dtype conversions (round to nearest even) ---- */
+
+static inline float pa_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t pa_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float pa_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1fu) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: value = man * 2^-24 */
+            float f = (float)man * 5.9604644775390625e-8f;
+            memcpy(&u, &f, 4);
+            u |= sign;
+        }
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t pa_f32_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;           /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;          /* >= 65520: inf */
+    if (a < 0x38800000u) {                                /* below 2^-14: subnormal */
+        /* a float with exponent -14 lines the f16 subnormal grid up with bit 0 */
+        float af;
+        memcpy(&af, &a, 4);
+        float scaled = af + 0.5f; /* 0.5 = 2^-1: ulp 2^-24 at this exponent */
+        uint32_t s;
+        memcpy(&s, &scaled, 4);
+        return sign | (uint16_t)(s - 0x3f000000u);
+    }
+    uint32_t mant_odd = (a >> 13) & 1u;
+    a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
+    return sign | (uint16_t)(a >> 13);
+}
+
+static inline double pa_load_f64(const void *base, pa_dtype dt, int64_t i) {
+    switch (dt) {
+    case PA_F32: return ((const float *)base)[i];
+    case PA_F16: return pa_f16_to_f32(((const uint16_t *)base)[i]);
+    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)base)[i]);
+    case PA_I32: return ((const int32_t *)base)[i];
+    }
+    return 0;
+}
+
+static inline float pa_load_f32(const void *base, pa_dtype dt, int64_t i) {
+    switch (dt) {
+    case PA_F32: return ((const float *)base)[i];
+    case PA_F16: return pa_f16_to_f32(((const uint16_t *)base)[i]);
+    case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)base)[i]);
+    case PA_I32: return (float)((const int32_t *)base)[i];
+    }
+    return 0;
+}
+
+static inline void pa_store_f32(void *base, pa_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case PA_F32: ((float *)base)[i] = v; break;
+    case PA_F16: ((uint16_t *)base)[i] = pa_f32_to_f16(v); break;
+    case PA_BF16: ((uint16_t *)base)[i] = pa_f32_to_bf16(v); break;
+    case PA_I32: ((int32_t *)base)[i] = (int32_t)v; break;
+    }
+}
+
+/* ---- Philox-4x32-10 and Box-Muller: the same stream on every backend ----
+ * Element i of a randn tensor is normal number (i & 3) of the block with
+ * counter (i >> 2). kernels/common.cuh has the device twin; keep them equal. */
+typedef struct { uint32_t v[4]; } pa_philox4;
+
+static inline pa_philox4 pa_philox(uint64_t counter, uint64_t key) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0;
+        uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1;
+        c3 = (uint32_t)p0;
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    pa_philox4 out = {{c0, c1, c2, c3}};
+    return out;
+}
+
+/* Four standard normals from one Philox block (two Box-Muller pairs),
+ * computed in double so that the CPU values are exactly reproducible. */
+static inline void pa_randn4(uint64_t block, uint64_t seed, double out[4]) {
+    pa_philox4 r = pa_philox(block, seed);
+    const double two_pi = 6.283185307179586476925;
+    for (int k = 0; k < 2; k++) {
+        /* u1 in (0, 1], u2 in [0, 1) */
+        double u1 = ((double)r.v[2 * k] + 1.0) * (1.0 / 4294967296.0);
+        double u2 = (double)r.v[2 * k + 1] * (1.0 / 4294967296.0);
+        double rad = sqrt(-2.0 * log(u1));
+        out[2 * k] = rad * cos(two_pi * u2);
+        out[2 * k + 1] = rad * sin(two_pi * u2);
+    }
+}
+
+/* ---- helpers shared by the core ---- */
+const char *pa_shape_str(const pa_tensor *t, char *buf, size_t len);
+bool pa_env_flag(const char *name);
+
+/* backends */
+pa_status pa_cpu_device_create(pa_context *ctx, pa_device **out);
+pa_status pa_cuda_device_create(pa_context *ctx, int index, pa_device **out);
+/* Whether a CUDA device can be opened here (sets *why when not). */
+bool pa_cuda_usable(char *why, size_t why_len);
+
+#endif /* PA_INTERNAL_H */
