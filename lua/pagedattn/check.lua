@@ -23,7 +23,8 @@ local function chance(rng, p) return rng:uniform() < p end
 
 -- A random problem. `want` fixes any field: form ("kvcache"|"varlen"), dtype,
 -- page_size (0 = contiguous cache), mode ("decode"|"prefill"|"chunked"|"read"),
--- B, Hk, group, D, causal, lse, max_keys, ...
+-- B, Hk, group, D, causal, lse, max_keys, cached (keys already in the cache: a
+-- number or a list per sequence), sq (queries when only reading), ...
 function check.random_case(rng, want)
   want = want or {}
   local c = {}
@@ -46,16 +47,18 @@ function check.random_case(rng, want)
   local uniform_sq -- with_kvcache has one Sq (and one S_new) for the batch
   local max_new = c.mode == "decode" and 1 or (c.mode == "read" and 0 or rng:int(1, 48))
   if c.mode == "decode" and chance(rng, 0.3) then max_new = rng:int(2, 8) end
+  if want.new then max_new = want.new end
   for b = 1, c.B do
     local n = c.form == "varlen" and rng:int(c.mode == "decode" and 1 or 0, max_new) or max_new
     local before
-    if c.mode == "prefill" then before = 0
+    if want.cached then before = type(want.cached) == "table" and want.cached[b] or want.cached
+    elseif c.mode == "prefill" then before = 0
     elseif chance(rng, 0.1) then before = 0 -- an empty cache now and then
     else before = rng:int(1, c.max_keys - n) end
     c.before[b], c.new[b] = before, n
   end
   if c.mode == "read" then
-    uniform_sq = rng:int(1, 12)
+    uniform_sq = want.sq or rng:int(1, 12)
     for b = 1, c.B do c.sq[b] = c.form == "varlen" and rng:int(0, 12) or uniform_sq end
   else
     for b = 1, c.B do c.sq[b] = c.new[b] end

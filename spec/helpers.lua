@@ -1,0 +1,52 @@
+-- spec/helpers.lua -- shared by the specs: seeds (printed, overridable), the
+-- size scale, devices, and assertions with readable messages.
+--   PAGEDATTN_SEED=N        base seed (default: the time; printed once)
+--   PAGEDATTN_SPEC_SCALE=x  multiplies the number of random cases (default 1)
+local ref = require "pagedattn.reference"
+
+local H = {}
+
+local base_seed = tonumber(os.getenv("PAGEDATTN_SEED") or "") or (os.time() % 1000000) * 1000
+if not _G.__pagedattn_seed_printed then
+  io.stderr:write(string.format("specs: base seed %d (rerun with PAGEDATTN_SEED=%d)\n", base_seed, base_seed))
+  _G.__pagedattn_seed_printed = true
+end
+H.base_seed = base_seed
+
+function H.scale(n)
+  local s = tonumber(os.getenv("PAGEDATTN_SPEC_SCALE") or "") or 1
+  return math.max(1, math.floor(n * s + 0.5))
+end
+
+-- A seed for case `i` of suite `name`: stable for a base seed.
+function H.seed(name, i)
+  local h = 0
+  for k = 1, #name do h = (h * 31 + name:byte(k)) % 1000003 end
+  return base_seed + h * 1000 + (i or 0)
+end
+
+function H.rng(name, i)
+  return ref.rng(H.seed(name, i))
+end
+
+function H.rerun(spec_file)
+  return string.format("rerun: PAGEDATTN_SEED=%d scripts/test %s", base_seed, spec_file)
+end
+
+-- Asserts a pagedattn.check result, with the case, its seed and how to rerun.
+function H.assert_check(r, seed, spec_file)
+  local check = require "pagedattn.check"
+  if not r.ok then
+    error(string.format("%s\n  case: %s\n  seed: %d\n  %s", r.report, check.describe(r.case),
+      seed, H.rerun(spec_file)), 2)
+  end
+end
+
+-- Calls fn and returns the error message it raised (fails if it raised none).
+function H.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert(not ok, "expected an error, got none")
+  return tostring(err)
+end
+
+return H
