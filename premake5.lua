@@ -8,6 +8,10 @@
 local function when(cfg)
   if filter then filter("configurations:" .. cfg) else configuration(cfg) end
 end
+-- keep symbols (premake4 strips release builds otherwise): profilers need them
+local function keep_symbols()
+  if symbols then symbols "On" else flags { "Symbols" } end
+end
 local function always()
   if filter then filter({}) else configuration({}) end
 end
@@ -27,6 +31,7 @@ project "pagedattn"
                  "-fno-strict-aliasing", "-pthread", "-fvisibility=default" }
   linkoptions { "-pthread" }
   links { "m", "dl", "pthread" }
+  keep_symbols()
 
   when "release"
     targetdir "build/lib"

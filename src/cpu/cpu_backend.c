@@ -9,6 +9,7 @@
 
 #include <sched.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,13 +29,27 @@ static double now_seconds(void) {
 
 /* ---- memory ---- */
 
+/* Large buffers are 2 MiB aligned and asked to be backed by transparent huge
+ * pages: a paged KV cache is read in random page order, and with 4 KiB pages
+ * every cache page costs TLB misses (dearer still under virtualisation). */
+#define HUGE_PAGE ((size_t)2 << 20)
+
+static void *host_alloc(size_t bytes) {
+    const size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
+    size_t rounded = (bytes + align - 1) & ~(align - 1);
+    void *p = aligned_alloc(align, rounded ? rounded : align);
+#ifdef MADV_HUGEPAGE
+    if (p && align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 static pa_status cpu_alloc(pa_context *ctx, pa_device *dev, size_t bytes, void **out) {
     (void)dev;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, rounded);
+    void *p = host_alloc(bytes);
     if (!p)
         return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "tensor: cannot allocate %zu bytes of host memory", bytes);
-    memset(p, 0, rounded);
+    memset(p, 0, bytes);
     *out = p;
     return PA_OK;
 }
@@ -198,12 +213,14 @@ static void combine_item(void *arg, int64_t item, int thread) {
     const pa_attn_problem *p = plan->p;
     const pa_cpu_tile *t = &job->tiles[item];
     const int D = p->head_dim, G = p->group, H = p->heads, S = job->splits;
-    for (int r = 0; r < t->nq * G; r++) {
-        const int qi = r / G, h = t->hk * G + r % G;
+    for (int r = 0; r < t->nh * plan->rows; r++) {
+        const int hi = r / plan->rows, rr = r % plan->rows;
+        if (rr >= t->nq * G) continue;
+        const int qi = rr / G, h = (t->hk + hi) * G + rr % G;
         const int32_t i = t->i0 + qi;
         float mx = -INFINITY;
         for (int s = 0; s < S; s++) {
-            float v = plan->partial_lse[(item * S + s) * plan->rows + r];
+            float v = plan->partial_lse[(item * S + s) * plan->tile_rows + r];
             if (v > mx) mx = v;
         }
         float acc[PA_MAX_HEAD_DIM] = {0};
@@ -211,7 +228,7 @@ static void combine_item(void *arg, int64_t item, int thread) {
         if (mx > -INFINITY) {
             float sum = 0;
             for (int s = 0; s < S; s++) {
-                const int64_t slot = (item * S + s) * plan->rows + r;
+                const int64_t slot = (item * S + s) * plan->tile_rows + r;
                 const float w = expf(plan->partial_lse[slot] - mx);
                 if (w == 0) continue;
                 sum += w;
@@ -264,9 +281,20 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
     job.plan.dpad = (D + vw - 1) / vw * vw;
     job.plan.key_block = D <= 64 ? 128 : D <= 128 ? 64 : 32;
 
+    /* decode-like tiles (few rows per kv head) take several kv heads, so each
+     * token's row is read front to back instead of one head's slice at a time */
+    int32_t nh = 1;
+    if (job.plan.rows <= 8) {
+        nh = 64 / job.plan.rows;
+        if (nh > p->kv_heads) nh = p->kv_heads;
+        while (p->kv_heads % nh) nh--;
+    }
+    job.plan.heads_per_tile = nh;
+    job.plan.tile_rows = (int64_t)job.plan.rows * nh;
+
     int64_t ntiles = 0;
     for (int32_t b = 0; b < p->batch; b++)
-        ntiles += (int64_t)p->kv_heads * ((p->h_seqlen_q[b] + tile_q - 1) / tile_q);
+        ntiles += (int64_t)(p->kv_heads / nh) * ((p->h_seqlen_q[b] + tile_q - 1) / tile_q);
     pa_cpu_tile *tiles = malloc(sizeof(pa_cpu_tile) * (size_t)(ntiles ? ntiles : 1));
     if (!tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
     int64_t n = 0;
@@ -277,8 +305,8 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
             int32_t lo0, hi0, lo1, hi1;
             pa_mask_range(p, sq, sk, i0, &lo0, &hi0);
             pa_mask_range(p, sq, sk, i0 + nq - 1, &lo1, &hi1);
-            for (int32_t hk = 0; hk < p->kv_heads; hk++) {
-                pa_cpu_tile t = {b, hk, i0, nq, lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, -1};
+            for (int32_t hk = 0; hk < p->kv_heads; hk += nh) {
+                pa_cpu_tile t = {b, hk, nh, i0, nq, lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1, -1};
                 if (t.k1 < t.k0) t.k1 = t.k0;
                 tiles[n++] = t;
             }
@@ -304,8 +332,8 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
     pa_status st = PA_OK;
     if (splits > 1) {
         const int64_t slots = ntiles * splits;
-        job.plan.partial_o = malloc(sizeof(float) * (size_t)(slots * job.plan.rows * D));
-        job.plan.partial_lse = malloc(sizeof(float) * (size_t)(slots * job.plan.rows));
+        job.plan.partial_o = malloc(sizeof(float) * (size_t)(slots * job.plan.tile_rows * D));
+        job.plan.partial_lse = malloc(sizeof(float) * (size_t)(slots * job.plan.tile_rows));
         if (!job.plan.partial_o || !job.plan.partial_lse)
             st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory for %lld splits",
                          (long long)slots);
@@ -383,8 +411,8 @@ static pa_status cpu_measure_ceilings(pa_context *ctx, pa_device *dev, double se
     /* 512 MiB per buffer: far beyond any last-level cache */
     const int64_t total = (int64_t)128 << 20;
     job->per_thread = total / nthreads / 64 * 64;
-    job->src = aligned_alloc(64, sizeof(float) * (size_t)(job->per_thread * nthreads));
-    job->dst = aligned_alloc(64, sizeof(float) * (size_t)(job->per_thread * nthreads));
+    job->src = host_alloc(sizeof(float) * (size_t)(job->per_thread * nthreads));
+    job->dst = host_alloc(sizeof(float) * (size_t)(job->per_thread * nthreads));
     if (!job->src || !job->dst) {
         free(job->src);
         free(job->dst);

@@ -6,7 +6,9 @@
 #define ISA_NAME "avx2"
 #define VW 8
 #define MK_RB 6
-#define F16C_WIDTH 8
+#define LOAD_BF16(p) \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #include "cpu_kernel.inc"
 #else
 #include "cpu_kernels.h"

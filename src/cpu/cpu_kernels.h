@@ -8,9 +8,9 @@
 #include "../core/internal.h"
 
 /* One unit of work: query rows [i0, i0 + nq) of sequence b, with the query heads
- * of kv head hk (the GQA group), over keys [k0, k1). */
+ * of kv heads hk .. hk + nh - 1 (their GQA groups), over keys [k0, k1). */
 typedef struct pa_cpu_tile {
-    int32_t b, hk, i0, nq;
+    int32_t b, hk, nh, i0, nq; /* kv heads [hk, hk + nh) */
     int32_t k0, k1;
     /* where the result goes: the final out/lse, or a split's partial slot */
     int64_t partial; /* -1: final; else index of the partial (o, lse) slot */
@@ -22,14 +22,18 @@ typedef struct pa_cpu_scratch {
     int64_t floats;
 } pa_cpu_scratch;
 
+#define PA_CPU_MAX_KEY_BLOCK 128
+
 typedef struct pa_cpu_plan {
     const pa_attn_problem *p;
     int32_t tile_q;       /* queries per tile */
-    int32_t rows;         /* tile_q * group: rows of the Q tile */
+    int32_t rows;         /* tile_q * group: rows of the Q tile of one kv head */
+    int32_t heads_per_tile; /* kv heads a tile may take */
+    int64_t tile_rows;    /* rows * heads_per_tile: a tile's rows in partial slots */
     int32_t dpad;         /* head dim padded to the vector width */
     int32_t key_block;    /* keys per inner block */
-    float *partial_o;     /* [slots][rows][head_dim] */
-    float *partial_lse;   /* [slots][rows] */
+    float *partial_o;     /* [slots][tile_rows][head_dim] */
+    float *partial_lse;   /* [slots][tile_rows] */
 } pa_cpu_plan;
 
 typedef struct pa_cpu_isa {

@@ -1,0 +1,108 @@
+-- scripts/bench_cpu.lua [--quick] -- CPU attention throughput against this
+-- machine's ceilings, measured in the same run:
+--   decode: GB/s of K/V read, over the streaming-read bandwidth;
+--   prefill: GFLOP/s (4 * Sq * Sk * H * D, only unmasked pairs), over the fp32 FMA peak.
+--   scripts/run scripts/bench_cpu.lua
+local pa = require "pagedattn"
+local ffi = require "ffi"
+
+local quick = arg[1] == "--quick"
+local dev = assert(pa.device("cpu"))
+ffi.cdef [[
+  typedef struct { long tv_sec; long tv_nsec; } pa_bench_timespec;
+  int clock_gettime(int clk, pa_bench_timespec *ts);
+]]
+local ts = ffi.new("pa_bench_timespec")
+local function now()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) / 2] or 0.5 * (xs[n / 2] + xs[n / 2 + 1])
+end
+
+-- Times fn: one warm-up call, then repeats for about `budget` seconds; median.
+local function time_it(fn, budget)
+  fn()
+  local times, start = {}, now()
+  repeat
+    local t0 = now()
+    fn()
+    times[#times + 1] = now() - t0
+  until (now() - start > budget and #times >= 3) or #times >= 200
+  return median(times), #times
+end
+
+local function shuffled_pages(n, seed)
+  local ids = {}
+  for i = 1, n do ids[i] = i - 1 end
+  local x = seed
+  for i = n, 2, -1 do
+    x = (x * 1103515245 + 12345) % 2147483648
+    local j = x % i + 1
+    ids[i], ids[j] = ids[j], ids[i]
+  end
+  return ids
+end
+
+-- A paged (or contiguous, page = 0) KV cache holding B sequences of L keys.
+local function make_cache(B, L, Hk, D, page, dtype)
+  if page == 0 then
+    return pa.randn({ B, L, Hk, D }, dtype, dev, 1), pa.randn({ B, L, Hk, D }, dtype, dev, 2), nil
+  end
+  local per = math.ceil(L / page)
+  local ids = shuffled_pages(B * per, 7)
+  local kc = pa.randn({ B * per, page, Hk, D }, dtype, dev, 1)
+  local vc = pa.randn({ B * per, page, Hk, D }, dtype, dev, 2)
+  local bt = pa.from_table(ids, { B, per }, "i32", dev)
+  return kc, vc, bt
+end
+
+print(string.format("device: %s", dev.description))
+local ceil = assert(dev:ceilings(quick and 0.3 or 1.0))
+print(string.format("ceilings: read %.1f GB/s, copy %.1f GB/s (read+write), fp32 FMA %.1f GFLOP/s",
+  ceil.read_gbps, ceil.copy_gbps, ceil.fma_gflops))
+print()
+
+local budget = quick and 0.5 or 2.0
+local rows = {}
+local function row(...) rows[#rows + 1] = string.format(...) ; print(rows[#rows]) end
+print(string.format("%-44s %10s %12s %8s", "workload", "ms", "rate", "ratio"))
+
+-- decode: bf16, 32 query heads, 8 kv heads, head dim 128
+local H, Hk, D = 32, 8, 128
+local decode_cases = quick and { { 8, 2048, 16 } } or {
+  { 8, 4096, 16 }, { 8, 4096, 256 }, { 8, 4096, 0 }, { 1, 32768, 16 }, { 64, 1024, 16 },
+}
+for _, c in ipairs(decode_cases) do
+  local B, L, page = c[1], c[2], c[3]
+  local kc, vc, bt = make_cache(B, L, Hk, D, page, "bf16")
+  local q = pa.randn({ B, 1, H, D }, "bf16", dev, 3)
+  local out = pa.tensor({ B, 1, H, D }, "bf16", dev)
+  local opts = { cache_seqlens = L, block_table = bt, out = out }
+  local t = time_it(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, budget)
+  local bytes = 2.0 * B * L * Hk * D * 2
+  local gbps = bytes / t / 1e9
+  row("%-44s %10.3f %8.1f GB/s %8.2f", string.format("decode bf16 %d x %d keys, page %s", B, L,
+    page == 0 and "none" or page), t * 1e3, gbps, gbps / ceil.read_gbps)
+end
+
+-- prefill: causal, bf16 and f32
+local prefill_cases = quick and { { 1, 512, 16, "bf16" } } or {
+  { 1, 2048, 16, "bf16" }, { 1, 2048, 0, "bf16" }, { 1, 2048, 16, "f32" }, { 4, 512, 16, "bf16" },
+}
+for _, c in ipairs(prefill_cases) do
+  local B, S, page, dtype = c[1], c[2], c[3], c[4]
+  local kc, vc, bt = make_cache(B, S, Hk, D, page, dtype)
+  local q = pa.randn({ B, S, H, D }, dtype, dev, 3)
+  local out = pa.tensor({ B, S, H, D }, dtype, dev)
+  local opts = { cache_seqlens = S, block_table = bt, out = out, causal = true }
+  local t = time_it(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, budget)
+  local flops = 4.0 * B * H * D * (S * (S + 1) / 2)
+  local gf = flops / t / 1e9
+  row("%-44s %10.3f %7.1f GFLOP/s %6.2f", string.format("prefill %s %d x %d causal, page %s", dtype, B, S,
+    page == 0 and "none" or page), t * 1e3, gf, gf / ceil.fma_gflops)
+end
