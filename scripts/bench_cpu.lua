@@ -4,19 +4,10 @@
 --   prefill: GFLOP/s (4 * Sq * Sk * H * D, only unmasked pairs), over the fp32 FMA peak.
 --   scripts/run scripts/bench_cpu.lua
 local pa = require "pagedattn"
-local ffi = require "ffi"
 
 local quick = arg[1] == "--quick"
 local dev = assert(pa.device("cpu"))
-ffi.cdef [[
-  typedef struct { long tv_sec; long tv_nsec; } pa_bench_timespec;
-  int clock_gettime(int clk, pa_bench_timespec *ts);
-]]
-local ts = ffi.new("pa_bench_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = pa.clock
 
 local function median(xs)
   table.sort(xs)

@@ -59,6 +59,8 @@ typedef struct pa_tensor pa_tensor;   /* dense, row-major, on one device */
 
 const char *pa_version(void);
 const char *pa_status_str(pa_status status);
+/* Seconds on a monotonic wall clock (for timing from scripts). */
+double pa_clock_seconds(void);
 
 pa_status pa_context_create(pa_context **out);
 void pa_context_destroy(pa_context *ctx);

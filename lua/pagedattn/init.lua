@@ -8,6 +8,8 @@ local attention = require "pagedattn.attention"
 
 local pa = {
   version = require("ffi").string(core.C.pa_version()),
+  -- seconds on a monotonic wall clock: time = pa.clock() - t0
+  clock = core.C.pa_clock_seconds,
   library_path = core.library_path,
   device = tensor.device,
   tensor = tensor.tensor,

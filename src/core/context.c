@@ -3,8 +3,15 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 const char *pa_version(void) { return "0.1.0"; }
+
+double pa_clock_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 const char *pa_status_str(pa_status status) {
     switch (status) {
