@@ -244,6 +244,27 @@ static inline void pa_store_f32(void *base, pa_dtype dt, int64_t i, float v) {
     }
 }
 
+/* double -> float rounded to odd: truncate, and set the last bit if anything was
+ * lost. Rounding that float once more to a format with at least two fewer
+ * mantissa bits (f16, bf16) is then the correctly rounded result from double. */
+static inline float pa_f64_to_f32_odd(double x) {
+    float f = (float)x;
+    if (!isfinite(f) || (double)f == x) return f;
+    if (fabs((double)f) > fabs(x)) f = nextafterf(f, 0.0f); /* toward zero */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u |= 1u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Stores a double into dtype dt with one correct rounding (nearest, ties even). */
+static inline void pa_store_f64(void *base, pa_dtype dt, int64_t i, double v) {
+    if (dt == PA_F16 || dt == PA_BF16) pa_store_f32(base, dt, i, pa_f64_to_f32_odd(v));
+    else if (dt == PA_F32) ((float *)base)[i] = (float)v;
+    else ((int32_t *)base)[i] = (int32_t)v;
+}
+
 /* ---- Philox-4x32-10 and Box-Muller: the same stream on every backend ----
  * Element i of a randn tensor is normal number (i & 3) of the block with
  * counter (i >> 2). kernels/common.cuh has the device twin; keep them equal. */

@@ -118,10 +118,7 @@ pa_status pa_tensor_write_f64(pa_context *ctx, pa_tensor *t, int64_t offset, con
     /* convert on the host into a staging buffer (the tensor may live on a GPU) */
     void *tmp = t->dev->host_accessible ? (char *)t->data + offset * es : malloc((size_t)count * es);
     if (!tmp) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "tensor: out of host memory");
-    for (int64_t i = 0; i < count; i++) {
-        if (t->dtype == PA_I32) ((int32_t *)tmp)[i] = (int32_t)src[i];
-        else pa_store_f32(tmp, t->dtype, i, (float)src[i]);
-    }
+    for (int64_t i = 0; i < count; i++) pa_store_f64(tmp, t->dtype, i, src[i]);
     if (!t->dev->host_accessible) {
         st = t->dev->ops->upload(ctx, t->dev, (char *)t->data + offset * es, tmp, (size_t)count * es);
         free(tmp);

@@ -91,7 +91,7 @@ static void fill_item(void *arg, int64_t item, int thread) {
     double z[4];
     for (int64_t i = begin; i < end; i += 4) {
         pa_randn4((uint64_t)i >> 2, job->seed, z);
-        for (int k = 0; k < 4 && i + k < end; k++) pa_store_f32(t->data, t->dtype, i + k, (float)z[k]);
+        for (int k = 0; k < 4 && i + k < end; k++) pa_store_f64(t->data, t->dtype, i + k, z[k]);
     }
 }
 
@@ -174,7 +174,7 @@ static void append_item(void *arg, int64_t item, int thread) {
             x[i0] = x0 * c - x1 * s;
             x[i1] = x0 * s + x1 * c;
         }
-        for (int d = 0; d < D; d++) pa_store_f32(p->k_cache, p->dtype, dof + d, (float)x[d]);
+        for (int d = 0; d < D; d++) pa_store_f64(p->k_cache, p->dtype, dof + d, x[d]);
     }
 }
 
