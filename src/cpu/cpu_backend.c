@@ -284,7 +284,7 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
     /* decode-like tiles (few rows per kv head) take several kv heads, so each
      * token's row is read front to back instead of one head's slice at a time */
     int32_t nh = 1;
-    if (job.plan.rows <= 8) {
+    if (job.plan.rows <= 8 && D % vw == 0) { /* the kernel's dot-product form */
         nh = 64 / job.plan.rows;
         if (nh > p->kv_heads) nh = p->kv_heads;
         while (p->kv_heads % nh) nh--;
