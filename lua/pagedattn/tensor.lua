@@ -205,11 +205,13 @@ function Tensor:write(values, offset, count)
   return self
 end
 
--- Flat 1-based Lua array of numbers (copied to the host).
-function Tensor:to_table()
-  local n = self.numel
+-- Flat 1-based Lua array of numbers (copied to the host): every element, or
+-- `count` elements from element `offset` (0-based).
+function Tensor:to_table(offset, count)
+  offset = offset or 0
+  local n = count or (self.numel - offset)
   local buf = ffi.new("double[?]", n > 0 and n or 1)
-  local ok, err = check(C.pa_tensor_read_f64(ctx, self.handle, 0, buf, n), "to_table")
+  local ok, err = check(C.pa_tensor_read_f64(ctx, self.handle, offset, buf, n), "to_table")
   if not ok then error(err, 2) end
   local out = {}
   for i = 1, n do out[i] = buf[i - 1] end

@@ -29,19 +29,57 @@ static double now_seconds(void) {
 
 /* ---- memory ---- */
 
-/* Large buffers are 2 MiB aligned and asked to be backed by transparent huge
- * pages: a paged KV cache is read in random page order, and with 4 KiB pages
- * every cache page costs TLB misses (dearer still under virtualisation). */
+/* Host memory. Large buffers come from mmap: zero pages that cost nothing until
+ * touched (a pool bigger than the data it holds stays cheap), 2 MiB aligned
+ * and asked to be backed by transparent huge pages -- a paged KV cache is read
+ * in random page order, and with 4 KiB pages every cache page costs TLB misses
+ * (dearer still under virtualisation). A 64-byte header before the data says
+ * how to give it back. */
 #define HUGE_PAGE ((size_t)2 << 20)
+#define ALLOC_MAGIC 0x70616765646d656dULL
+
+typedef struct alloc_header {
+    uint64_t magic;
+    uint64_t mapped;
+    void *base;
+    size_t len;
+    uint64_t pad[4];
+} alloc_header;
 
 static void *host_alloc(size_t bytes) {
-    const size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
-    size_t rounded = (bytes + align - 1) & ~(align - 1);
-    void *p = aligned_alloc(align, rounded ? rounded : align);
+    char *base, *data;
+    size_t len;
+    bool mapped = bytes >= HUGE_PAGE;
+    if (mapped) {
+        len = bytes + 2 * HUGE_PAGE;
+        base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+        data = (char *)(((uintptr_t)base + sizeof(alloc_header) + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
 #ifdef MADV_HUGEPAGE
-    if (p && align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE);
+        madvise(data, (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
 #endif
-    return p;
+    } else {
+        len = sizeof(alloc_header) + ((bytes + 63) & ~(size_t)63);
+        base = aligned_alloc(64, len);
+        if (!base) return NULL;
+        data = base + sizeof(alloc_header);
+        memset(data, 0, bytes);
+    }
+    alloc_header *h = (alloc_header *)(data - sizeof(alloc_header));
+    h->magic = ALLOC_MAGIC;
+    h->mapped = mapped;
+    h->base = base;
+    h->len = len;
+    return data;
+}
+
+static void host_free(void *ptr) {
+    if (!ptr) return;
+    alloc_header *h = (alloc_header *)((char *)ptr - sizeof(alloc_header));
+    if (h->magic != ALLOC_MAGIC) return; /* not ours: leak rather than corrupt */
+    h->magic = 0;
+    if (h->mapped) munmap(h->base, h->len);
+    else free(h->base);
 }
 
 static pa_status cpu_alloc(pa_context *ctx, pa_device *dev, size_t bytes, void **out) {
@@ -49,14 +87,13 @@ static pa_status cpu_alloc(pa_context *ctx, pa_device *dev, size_t bytes, void *
     void *p = host_alloc(bytes);
     if (!p)
         return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "tensor: cannot allocate %zu bytes of host memory", bytes);
-    memset(p, 0, bytes);
     *out = p;
     return PA_OK;
 }
 
 static void cpu_free(pa_device *dev, void *ptr) {
     (void)dev;
-    free(ptr);
+    host_free(ptr);
 }
 
 static pa_status cpu_memcpy(pa_context *ctx, pa_device *dev, void *dst, const void *src, size_t n) {
@@ -414,8 +451,8 @@ static pa_status cpu_measure_ceilings(pa_context *ctx, pa_device *dev, double se
     job->src = host_alloc(sizeof(float) * (size_t)(job->per_thread * nthreads));
     job->dst = host_alloc(sizeof(float) * (size_t)(job->per_thread * nthreads));
     if (!job->src || !job->dst) {
-        free(job->src);
-        free(job->dst);
+        host_free(job->src);
+        host_free(job->dst);
         free(job);
         return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "ceilings: cannot allocate 1 GiB of host memory");
     }
@@ -431,8 +468,8 @@ static pa_status cpu_measure_ceilings(pa_context *ctx, pa_device *dev, double se
     double flops_per_pass = job->isa->fma_loop(job->fma_iters, &job->sink[0]) * nthreads;
     out->fma_gflops = best_rate(impl->pool, job, nthreads, seconds, flops_per_pass) / 1e9;
     out->seconds = seconds;
-    free(job->src);
-    free(job->dst);
+    host_free(job->src);
+    host_free(job->dst);
     free(job);
     return PA_OK;
 }
