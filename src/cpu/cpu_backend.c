@@ -7,6 +7,7 @@
 #include "cpu_kernels.h"
 #include "threadpool.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -17,6 +18,11 @@
 typedef struct cpu_impl {
     pa_threadpool *pool;
     const pa_cpu_isa *isa;
+    /* per-thread attention scratch, kept between calls (grown when needed);
+     * lock serialises attention calls, which use it */
+    pthread_mutex_t lock;
+    float **scratch;
+    int64_t scratch_floats;
 } cpu_impl;
 
 static cpu_impl *impl_of(const pa_device *dev) { return dev->impl; }
@@ -164,8 +170,7 @@ typedef struct attn_job {
     int64_t ntiles;
     int32_t splits;
     int64_t scratch_floats;
-    float **scratch; /* per thread, allocated on first use */
-    bool failed;     /* a scratch allocation failed */
+    float **scratch; /* per thread (the device's) */
     const int64_t *new_offsets; /* append: prefix sums of num_new, length batch + 1 */
 } attn_job;
 
@@ -217,14 +222,6 @@ static void append_item(void *arg, int64_t item, int thread) {
 
 static void tile_item(void *arg, int64_t item, int thread) {
     attn_job *job = arg;
-    if (!job->scratch[thread]) {
-        size_t bytes = ((size_t)job->scratch_floats * sizeof(float) + 63) & ~(size_t)63;
-        job->scratch[thread] = aligned_alloc(64, bytes);
-        if (!job->scratch[thread]) {
-            job->failed = true;
-            return;
-        }
-    }
     pa_cpu_tile tile = job->tiles[item / job->splits];
     if (job->splits > 1) {
         const int32_t s = (int32_t)(item % job->splits);
@@ -287,53 +284,59 @@ static int cmp_tile_cost(const void *a, const void *b) {
     return cx < cy ? 1 : cx > cy ? -1 : 0;
 }
 
-static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
-    cpu_impl *impl = impl_of(p->dev);
+/* Frees what plan_attention allocated. */
+static void release_job(attn_job *job) {
+    free(job->plan.partial_o);
+    free(job->plan.partial_lse);
+    free(job->tiles);
+    free((void *)job->new_offsets);
+}
+
+/* Plans the call and allocates everything it needs, before anything is
+ * written: a failure here leaves the caches untouched. */
+static pa_status plan_attention(pa_context *ctx, const pa_attn_problem *p, cpu_impl *impl,
+                                attn_job *job) {
     const int nthreads = pa_threadpool_size(impl->pool);
-    attn_job job;
-    memset(&job, 0, sizeof job);
-    job.isa = impl->isa;
-    job.plan.p = p;
     const int vw = impl->isa->vector_width;
     const int D = p->head_dim, G = p->group;
+    memset(job, 0, sizeof *job);
+    job->isa = impl->isa;
+    job->plan.p = p;
 
-    /* 1. append new k/v (rotated) into their pages, before anything reads them */
     if (p->total_new > 0) {
         int64_t *offsets = malloc(sizeof(int64_t) * ((size_t)p->batch + 1));
         if (!offsets) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
         offsets[0] = 0;
         for (int32_t b = 0; b < p->batch; b++) offsets[b + 1] = offsets[b] + p->h_num_new[b];
-        job.new_offsets = offsets;
-        pa_threadpool_run(impl->pool, p->total_new, append_item, &job);
-        free(offsets);
-        job.new_offsets = NULL;
+        job->new_offsets = offsets;
     }
     if (p->total_q == 0) return PA_OK;
 
-    /* 2. tiles: tile_q queries x the GQA group, about 64 rows */
+    /* tiles: tile_q queries x the GQA group, about 64 rows */
     int32_t tile_q = G >= 64 ? 1 : 64 / G;
     if (tile_q > p->max_seqlen_q) tile_q = p->max_seqlen_q > 0 ? p->max_seqlen_q : 1;
-    job.plan.tile_q = tile_q;
-    job.plan.rows = tile_q * G;
-    job.plan.dpad = (D + vw - 1) / vw * vw;
-    job.plan.key_block = D <= 64 ? 128 : D <= 128 ? 64 : 32;
+    job->plan.tile_q = tile_q;
+    job->plan.rows = tile_q * G;
+    job->plan.dpad = (D + vw - 1) / vw * vw;
+    job->plan.key_block = D <= 64 ? 128 : D <= 128 ? 64 : 32;
 
     /* decode-like tiles (few rows per kv head) take several kv heads, so each
      * token's row is read front to back instead of one head's slice at a time */
     int32_t nh = 1;
-    if (job.plan.rows <= 8 && D % vw == 0) { /* the kernel's dot-product form */
-        nh = 64 / job.plan.rows;
+    if (job->plan.rows <= 8 && D % vw == 0) { /* the kernel's dot-product form */
+        nh = 64 / job->plan.rows;
         if (nh > p->kv_heads) nh = p->kv_heads;
         while (p->kv_heads % nh) nh--;
     }
-    job.plan.heads_per_tile = nh;
-    job.plan.tile_rows = (int64_t)job.plan.rows * nh;
+    job->plan.heads_per_tile = nh;
+    job->plan.tile_rows = (int64_t)job->plan.rows * nh;
 
     int64_t ntiles = 0;
     for (int32_t b = 0; b < p->batch; b++)
         ntiles += (int64_t)(p->kv_heads / nh) * ((p->h_seqlen_q[b] + tile_q - 1) / tile_q);
     pa_cpu_tile *tiles = malloc(sizeof(pa_cpu_tile) * (size_t)(ntiles ? ntiles : 1));
     if (!tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    job->tiles = tiles;
     int64_t n = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
@@ -351,11 +354,11 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
     }
     qsort(tiles, (size_t)ntiles, sizeof *tiles, cmp_tile_cost);
 
-    /* 3. split the keys when there are too few tiles to keep every thread busy */
+    /* split the keys when there are too few tiles to keep every thread busy */
     int32_t splits = p->num_splits;
     if (splits == 0) {
         splits = 1;
-        const int64_t min_keys = 4LL * job.plan.key_block;
+        const int64_t min_keys = 4LL * job->plan.key_block;
         if (ntiles < 2LL * nthreads && p->max_seqlen_k >= 2 * min_keys) {
             splits = (int32_t)((2LL * nthreads + ntiles - 1) / ntiles);
             if (splits > p->max_seqlen_k / min_keys) splits = (int32_t)(p->max_seqlen_k / min_keys);
@@ -363,35 +366,49 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
     }
     if (splits > 256) splits = 256;
     if (splits < 1) splits = 1;
-    job.tiles = tiles;
-    job.ntiles = ntiles;
-    job.splits = splits;
-    pa_status st = PA_OK;
+    job->ntiles = ntiles;
+    job->splits = splits;
     if (splits > 1) {
         const int64_t slots = ntiles * splits;
-        job.plan.partial_o = malloc(sizeof(float) * (size_t)(slots * job.plan.tile_rows * D));
-        job.plan.partial_lse = malloc(sizeof(float) * (size_t)(slots * job.plan.tile_rows));
-        if (!job.plan.partial_o || !job.plan.partial_lse)
-            st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory for %lld splits",
-                         (long long)slots);
+        job->plan.partial_o = malloc(sizeof(float) * (size_t)(slots * job->plan.tile_rows * D));
+        job->plan.partial_lse = malloc(sizeof(float) * (size_t)(slots * job->plan.tile_rows));
+        if (!job->plan.partial_o || !job->plan.partial_lse)
+            return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory for %lld splits",
+                           (long long)slots);
     }
-    job.scratch_floats = impl->isa->scratch_floats(&job.plan);
-    job.scratch = calloc((size_t)nthreads, sizeof(float *));
-    if (!job.scratch && st == PA_OK) st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    /* per-thread working memory (any pool thread may take an item): the
+     * device's buffers, grown when this call needs more */
+    job->scratch_floats = impl->isa->scratch_floats(&job->plan);
+    if (job->scratch_floats > impl->scratch_floats) {
+        const size_t bytes = ((size_t)job->scratch_floats * sizeof(float) + 63) & ~(size_t)63;
+        for (int i = 0; i < nthreads; i++) {
+            float *buf = aligned_alloc(64, bytes);
+            if (!buf) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory for scratch");
+            free(impl->scratch[i]);
+            impl->scratch[i] = buf;
+        }
+        impl->scratch_floats = job->scratch_floats;
+    }
+    job->scratch = impl->scratch;
+    return PA_OK;
+}
 
+static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
+    cpu_impl *impl = impl_of(p->dev);
+    attn_job job;
+    pthread_mutex_lock(&impl->lock);
+    pa_status st = plan_attention(ctx, p, impl, &job);
     if (st == PA_OK) {
-        pa_threadpool_run(impl->pool, ntiles * splits, tile_item, &job);
-        if (job.failed)
-            st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory for scratch");
-        else if (splits > 1)
-            pa_threadpool_run(impl->pool, ntiles, combine_item, &job);
+        /* 1. append new k/v (rotated) into their pages, before anything reads them */
+        if (p->total_new > 0) pa_threadpool_run(impl->pool, p->total_new, append_item, &job);
+        /* 2. the tiles (and their splits), 3. merge the splits */
+        if (p->total_q > 0) {
+            pa_threadpool_run(impl->pool, job.ntiles * job.splits, tile_item, &job);
+            if (job.splits > 1) pa_threadpool_run(impl->pool, job.ntiles, combine_item, &job);
+        }
     }
-    if (job.scratch)
-        for (int i = 0; i < nthreads; i++) free(job.scratch[i]);
-    free(job.scratch);
-    free(job.plan.partial_o);
-    free(job.plan.partial_lse);
-    free(tiles);
+    release_job(&job);
+    pthread_mutex_unlock(&impl->lock);
     return st;
 }
 
@@ -478,7 +495,13 @@ static pa_status cpu_measure_ceilings(pa_context *ctx, pa_device *dev, double se
 
 static void cpu_destroy(pa_device *dev) {
     cpu_impl *impl = impl_of(dev);
-    if (impl) pa_threadpool_destroy(impl->pool);
+    if (impl) {
+        pa_threadpool_destroy(impl->pool);
+        if (impl->scratch)
+            for (int i = 0; i < dev->num_threads; i++) free(impl->scratch[i]);
+        free(impl->scratch);
+        pthread_mutex_destroy(&impl->lock);
+    }
     free(impl);
     free(dev);
 }
@@ -568,11 +591,15 @@ pa_status pa_cpu_device_create(pa_context *ctx, pa_device **out) {
     }
     impl->isa = isa;
     impl->pool = pa_threadpool_create(count_cpus());
-    if (!impl->pool) {
+    impl->scratch = impl->pool ? calloc((size_t)pa_threadpool_size(impl->pool), sizeof(float *)) : NULL;
+    if (!impl->pool || !impl->scratch) {
+        pa_threadpool_destroy(impl->pool);
+        free(impl->scratch);
         free(dev);
         free(impl);
         return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "device: cannot start worker threads");
     }
+    pthread_mutex_init(&impl->lock, NULL);
     dev->kind = PA_DEVICE_CPU;
     dev->index = 0;
     dev->host_accessible = true;
