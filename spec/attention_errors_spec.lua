@@ -131,6 +131,12 @@ describe("attention_with_kvcache rejects bad input and changes nothing", functio
     expect_error(s, "casual", "unknown option")
   end)
 
+  it("a mistake found deep inside the package still points at the caller", function()
+    local s = setup()
+    s.opts.block_table = { { 0, 1 }, "row" }
+    expect_error(s, "block_table", "row 2 is not a table")
+  end)
+
   it("a bad element in a Lua table given for an index tensor", function()
     local s = setup()
     s.opts.cache_seqlens = { 5, 0, "x" }

@@ -25,7 +25,7 @@ local varlen_opts = setmetatable({
 }, { __index = common_opts })
 
 local function argerr(fname, name, msg)
-  error("pagedattn." .. fname .. ": " .. name .. ": " .. msg, 4)
+  core.raise("pagedattn." .. fname .. ": " .. name .. ": " .. msg)
 end
 
 -- Lua arrays given for small index tensors become tensors on q's device.
@@ -129,19 +129,24 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
   return out, lse, keep
 end
 
-function M.attention_with_kvcache(q, k_cache, v_cache, opts)
-  local out, lse, keep = fill_params("attention_with_kvcache", kvcache_opts, q, k_cache, v_cache, opts, false)
-  local ok, err = check(C.pa_attention_with_kvcache(ctx, params), "attention_with_kvcache", 2)
+-- fill, call, and keep the tensors made for the call alive until it returns
+local function run(fname, allowed, varlen, cfn, q, k_cache, v_cache, opts)
+  local out, lse, keep = fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
+  local ok, err = check(cfn(ctx, params), fname)
   keep = nil
   if not ok then return nil, err end
   return out, lse
 end
 
+function M.attention_with_kvcache(q, k_cache, v_cache, opts)
+  local out, lse = run("attention_with_kvcache", kvcache_opts, false, C.pa_attention_with_kvcache,
+                       q, k_cache, v_cache, opts)
+  return out, lse
+end
+
 function M.attention_varlen(q, k_cache, v_cache, opts)
-  local out, lse, keep = fill_params("attention_varlen", varlen_opts, q, k_cache, v_cache, opts, true)
-  local ok, err = check(C.pa_attention_varlen(ctx, params), "attention_varlen", 2)
-  keep = nil
-  if not ok then return nil, err end
+  local out, lse = run("attention_varlen", varlen_opts, true, C.pa_attention_varlen,
+                       q, k_cache, v_cache, opts)
   return out, lse
 end
 

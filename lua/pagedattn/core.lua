@@ -84,13 +84,30 @@ function M.last_error()
   return ffi.string(C.pa_context_error(M.ctx))
 end
 
--- Caller mistakes (PA_ERR_ARGUMENT) raise at the caller of the API function
--- `fname`; run-time failures return nil, message.
+-- Raises msg at the first stack frame outside the package (C frames such as
+-- pcall skipped): the user's line that called into pagedattn, however deep
+-- inside the package the mistake was found.
+local package_dir = (debug.getinfo(1, "S").source:match("^@(.*/)[^/]*$"))
+function M.raise(msg)
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then break end
+    local inside = info.what == "C" or
+      (package_dir and info.source:sub(1, #package_dir + 1) == "@" .. package_dir)
+    if not inside then break end
+    level = level + 1
+  end
+  error(msg, level)
+end
+
+-- Caller mistakes (PA_ERR_ARGUMENT) raise at the caller's line; run-time
+-- failures return nil, message. (`level` is accepted for old callers.)
 local ARGUMENT = 1
 function M.check(status, fname, level)
   if status == 0 then return true end
   local msg = "pagedattn." .. fname .. ": " .. M.last_error()
-  if status == ARGUMENT then error(msg, (level or 2) + 1) end
+  if status == ARGUMENT then M.raise(msg) end
   return nil, msg
 end
 

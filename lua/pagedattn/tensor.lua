@@ -4,7 +4,7 @@
 local ffi = require "ffi"
 local core = require "pagedattn.core"
 
-local C, ctx, check = core.C, core.ctx, core.check
+local C, ctx, check, raise = core.C, core.ctx, core.check, core.raise
 
 local M = {}
 
@@ -44,7 +44,7 @@ end
 function M.device(name)
   if name ~= nil and type(name) ~= "string" then
     if getmetatable(name) == Device then return name end
-    error("pagedattn.device: name: expected a string, got " .. type(name), 2)
+    raise("pagedattn.device: name: expected a string, got " .. type(name))
   end
   if name == nil and default_device then return default_device end
   if name and devices[name] then return devices[name] end
@@ -57,7 +57,7 @@ end
 
 function Device:synchronize()
   local ok, err = check(C.pa_device_synchronize(ctx, self.handle), "synchronize")
-  if not ok then error(err, 2) end
+  if not ok then raise(err) end
   return self
 end
 
@@ -79,16 +79,16 @@ end
 local function resolve_device(dev, fname)
   if dev == nil then
     local d, err = M.device()
-    if not d then error(err, 3) end
+    if not d then raise(err) end
     return d
   end
   if getmetatable(dev) == Device then return dev end
   if type(dev) == "string" then
     local d, err = M.device(dev)
-    if not d then error(err, 3) end
+    if not d then raise(err) end
     return d
   end
-  error("pagedattn." .. fname .. ": device: expected a device or a name, got " .. type(dev), 3)
+  raise("pagedattn." .. fname .. ": device: expected a device or a name, got " .. type(dev))
 end
 
 ---------------------------------------------------------------------------
@@ -106,15 +106,15 @@ M.is_tensor = is_tensor
 
 local function check_shape(shape, fname)
   if type(shape) ~= "table" then
-    error("pagedattn." .. fname .. ": shape: expected a table of sizes, got " .. type(shape), 3)
+    raise("pagedattn." .. fname .. ": shape: expected a table of sizes, got " .. type(shape))
   end
-  if #shape > 8 then error("pagedattn." .. fname .. ": shape: more than 8 dimensions", 3) end
+  if #shape > 8 then raise("pagedattn." .. fname .. ": shape: more than 8 dimensions") end
   local numel = 1
   for i = 1, #shape do
     local n = shape[i]
     if type(n) ~= "number" or n < 0 or n ~= math.floor(n) then
-      error("pagedattn." .. fname .. ": shape: dimension " .. i .. " is " .. tostring(n) ..
-            " (expected a whole number >= 0)", 3)
+      raise("pagedattn." .. fname .. ": shape: dimension " .. i .. " is " .. tostring(n) ..
+            " (expected a whole number >= 0)")
     end
     numel = numel * n
   end
@@ -125,8 +125,8 @@ local function check_dtype(dtype, fname)
   dtype = dtype or "f32"
   local code = core.dtypes[dtype]
   if not code then
-    error("pagedattn." .. fname .. ": dtype: '" .. tostring(dtype) ..
-          "' is not one of f32, f16, bf16, i32", 3)
+    raise("pagedattn." .. fname .. ": dtype: '" .. tostring(dtype) ..
+          "' is not one of f32, f16, bf16, i32")
   end
   return dtype, code
 end
@@ -157,14 +157,14 @@ end
 -- values: flat 1-based Lua array in row-major order.
 function M.from_table(values, shape, dtype, device)
   if type(values) ~= "table" then
-    error("pagedattn.from_table: values: expected a table, got " .. type(values), 2)
+    raise("pagedattn.from_table: values: expected a table, got " .. type(values))
   end
   if shape == nil then shape = { #values } end
   local t, err = new_tensor(shape, dtype, device, "from_table")
   if not t then return nil, err end
   if #values ~= t.numel then
-    error("pagedattn.from_table: values: " .. #values .. " numbers for shape [" ..
-          table.concat(shape, ", ") .. "] (" .. t.numel .. " elements)", 2)
+    raise("pagedattn.from_table: values: " .. #values .. " numbers for shape [" ..
+          table.concat(shape, ", ") .. "] (" .. t.numel .. " elements)")
   end
   local ok, werr = t:write(values)
   if not ok then return nil, werr end
@@ -176,7 +176,7 @@ function M.randn(shape, dtype, device, seed)
   local t, err = new_tensor(shape, dtype or "f32", device, "randn")
   if not t then return nil, err end
   if seed ~= nil and (type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed)) then
-    error("pagedattn.randn: seed: expected a whole number >= 0, got " .. tostring(seed), 2)
+    raise("pagedattn.randn: seed: expected a whole number >= 0, got " .. tostring(seed))
   end
   local ok, ferr = check(C.pa_tensor_fill_randn(ctx, t.handle, seed or 0), "randn")
   if not ok then return nil, ferr end
@@ -193,7 +193,7 @@ function Tensor:write(values, offset, count)
     for i = 1, count do
       local v = values[i]
       if type(v) ~= "number" then
-        error("pagedattn.write: values: element " .. i .. " is " .. type(v) .. ", not a number", 2)
+        raise("pagedattn.write: values: element " .. i .. " is " .. type(v) .. ", not a number")
       end
       buf[i - 1] = v
     end
@@ -212,7 +212,7 @@ function Tensor:to_table(offset, count)
   local n = count or (self.numel - offset)
   local buf = ffi.new("double[?]", n > 0 and n or 1)
   local ok, err = check(C.pa_tensor_read_f64(ctx, self.handle, offset, buf, n), "to_table")
-  if not ok then error(err, 2) end
+  if not ok then raise(err) end
   local out = {}
   for i = 1, n do out[i] = buf[i - 1] end
   return out
@@ -220,15 +220,15 @@ end
 
 function Tensor:fill(value)
   local ok, err = check(C.pa_tensor_fill(ctx, self.handle, value), "fill")
-  if not ok then error(err, 2) end
+  if not ok then raise(err) end
   return self
 end
 
 -- Copies src (same device, dtype and size) into self.
 function Tensor:copy_from(src)
-  if not is_tensor(src) then error("pagedattn.copy_from: src: expected a tensor", 2) end
+  if not is_tensor(src) then raise("pagedattn.copy_from: src: expected a tensor") end
   local ok, err = check(C.pa_tensor_copy(ctx, self.handle, src.handle), "copy_from")
-  if not ok then error(err, 2) end
+  if not ok then raise(err) end
   return self
 end
 
