@@ -179,6 +179,150 @@ void pa_attention_params_init(pa_attention_params *p);
 pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *p);
 pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p);
 
+/* ==== page pool, sequences, batch staging ==================================
+ *
+ * A pool hands out the pages of one or more pairs of KV cache tensors
+ * (k_caches[l], v_caches[l]: [num_pages, page_size, Hk, D], one pair per
+ * layer, all on one device; the pool borrows them: they must outlive it).
+ * Page ids are 0-based int32. Allocation and release are O(1) (a free stack);
+ * every page has a refcount (the number of sequences that hold it).
+ *
+ * A sequence is an int32 id (>= 0) naming a list of pages and a length in
+ * tokens; token t lives in page pages[t / page_size] at slot t % page_size.
+ * Ids of freed sequences are not reused soon (a generation count in the id),
+ * so a stale id is reported, not silently aliased.
+ *  - reserve(n): make room for n more tokens (allocate pages; copy a shared
+ *    partial last page first, so writes need no further pages); length unchanged.
+ *  - append(n): reserve(n), then length += n (the caller writes the k/v).
+ *  - fork: a new sequence sharing every page that holds the parent's tokens
+ *    (refcounted; reserved pages past the length are not shared).
+ *  - truncate(len): drop tokens from the end; pages past them go back.
+ *  - free: release every page.
+ * Writing into a page that another sequence also holds copies it first
+ * (copy-on-write, on the caches' device, for every layer's k and v).
+ * A pool or batch is not thread-safe: use it from one thread at a time.
+ * Running out of pages fails with PA_ERR_OUT_OF_PAGES and takes nothing. */
+
+typedef struct pa_pool pa_pool;
+
+typedef struct pa_pool_params {
+    int64_t num_pages;          /* 0 = dimension 1 of k_caches[0] */
+    int32_t page_size;          /* 0 = dimension 2 of k_caches[0] */
+    int32_t num_layers;         /* entries in k_caches and v_caches; 0 = no
+                                   tensors (bookkeeping only: nothing to copy) */
+    pa_tensor *const *k_caches; /* [num_layers] */
+    pa_tensor *const *v_caches; /* [num_layers] */
+} pa_pool_params;
+
+typedef struct pa_pool_stats {
+    int64_t num_pages;
+    int64_t page_size;
+    int64_t free_pages;
+    int64_t used_pages;      /* refcount >= 1 */
+    int64_t shared_pages;    /* refcount >= 2 */
+    int64_t page_refs;       /* sum of refcounts: pages the sequences hold */
+    int64_t peak_used_pages; /* since the pool was created */
+    int64_t sequences;       /* live sequences */
+    int64_t tokens;          /* sum of the live sequences' lengths */
+    int64_t cow_copies;      /* pages copied on write so far */
+} pa_pool_stats;
+
+void pa_pool_params_init(pa_pool_params *p);
+pa_status pa_pool_create(pa_context *ctx, const pa_pool_params *p, pa_pool **out);
+/* Frees the pool and all its sequences. Destroy its batches first. */
+void pa_pool_destroy(pa_pool *pool);
+void pa_pool_get_stats(const pa_pool *pool, pa_pool_stats *out);
+int64_t pa_pool_num_pages(const pa_pool *pool);
+int32_t pa_pool_page_size(const pa_pool *pool);
+/* The page's refcount; -1 if page is not in [0, num_pages). */
+int32_t pa_pool_page_refcount(const pa_pool *pool, int64_t page);
+/* Slots in used pages that hold no token of any sequence (internal
+ * fragmentation, counted once per page); O(page refs). */
+int64_t pa_pool_unused_slots(const pa_pool *pool);
+/* Checks every invariant (refcounts = references, the free stack, stats);
+ * PA_ERR_INTERNAL with the first violation. O(num_pages + page refs). */
+pa_status pa_pool_validate(pa_context *ctx, const pa_pool *pool);
+
+pa_status pa_seq_create(pa_context *ctx, pa_pool *pool, int32_t *out_seq);
+pa_status pa_seq_fork(pa_context *ctx, pa_pool *pool, int32_t parent, int32_t *out_seq);
+pa_status pa_seq_reserve(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t n);
+pa_status pa_seq_append(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t n);
+pa_status pa_seq_truncate(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t len);
+pa_status pa_seq_free(pa_context *ctx, pa_pool *pool, int32_t seq);
+/* Queries: -1 when seq is not a live sequence of the pool. */
+int64_t pa_seq_len(const pa_pool *pool, int32_t seq);
+int64_t pa_seq_num_pages(const pa_pool *pool, int32_t seq); /* held, incl. reserved */
+/* Pages that reserve(n) or append(n) would take from the pool now
+ * (new pages + 1 if a shared partial page must be copied). */
+int64_t pa_seq_pages_needed(const pa_pool *pool, int32_t seq, int64_t n);
+/* Copies up to cap page ids into dst; returns how many the sequence holds
+ * (-1 if not live). */
+int64_t pa_seq_pages(const pa_pool *pool, int32_t seq, int32_t *dst, int64_t cap);
+
+/* A batch: staging buffers, reused from step to step, that turn a list of
+ * (sequence, number of new tokens) into the index tensors the attention
+ * calls take. pa_batch_stage appends the new tokens to every sequence (as
+ * pa_seq_append, all or nothing for the whole list) and writes, on the
+ * batch's device, for B = n sequences and total_q new tokens:
+ *   block_table     i32 [B, max_pages]  pages holding each sequence's keys
+ *                                       after the step, padded with 0
+ *   cache_seqlens   i32 [B]      keys before the step (where k/v are appended)
+ *   seqused_k       i32 [B]      keys after it (cache_seqlens + new tokens)
+ *   cu_seqlens_q    i32 [B + 1]  prefix sums of the new tokens
+ *   positions       i32 [total_q] position of each new token
+ *   batch_indices   i32 [total_q] the entry (0..B-1) each new token belongs to
+ *   kv_indptr       i32 [B + 1]  CSR form (FlashInfer): pages of entry b are
+ *   kv_indices      i32 [kv_indptr[B]]   kv_indices[kv_indptr[b] .. kv_indptr[b+1]-1]
+ *   kv_last_page_len i32 [B]     tokens in each entry's last page (0 if none)
+ * The tensors are views owned by the batch: valid until its next stage or
+ * destroy; never pass them to pa_tensor_destroy. */
+typedef struct pa_batch pa_batch;
+
+typedef enum pa_batch_field {
+    PA_BATCH_BLOCK_TABLE = 0,
+    PA_BATCH_CACHE_SEQLENS = 1,
+    PA_BATCH_SEQUSED_K = 2,
+    PA_BATCH_CU_SEQLENS_Q = 3,
+    PA_BATCH_POSITIONS = 4,
+    PA_BATCH_BATCH_INDICES = 5,
+    PA_BATCH_KV_INDPTR = 6,
+    PA_BATCH_KV_INDICES = 7,
+    PA_BATCH_KV_LAST_PAGE_LEN = 8,
+    PA_BATCH_NUM_FIELDS = 9
+} pa_batch_field;
+
+typedef struct pa_batch_info {
+    int32_t batch;        /* B */
+    int32_t total_q;      /* new tokens in the step */
+    int32_t max_seqlen_q; /* most new tokens of one entry */
+    int32_t max_seqlen_k; /* most keys of one entry, after the step */
+    int32_t max_pages;    /* block_table columns (>= 1) */
+    int32_t num_indices;  /* kv_indices entries */
+    int32_t new_pages;    /* pages the step took from the pool */
+    int32_t cow_copies;   /* of which copies of shared pages */
+} pa_batch_info;
+
+typedef enum pa_batch_flags {
+    PA_BATCH_DEFAULT = 0,
+    PA_BATCH_NO_CSR = 1 /* skip kv_indptr, kv_indices, kv_last_page_len (left
+                           empty): half the bytes to write and upload */
+} pa_batch_flags;
+
+/* dev: where the staged tensors live; NULL = the caches' device (required
+ * when the pool has no tensors). flags: pa_batch_flags. The pool must
+ * outlive the batch. */
+pa_status pa_batch_create(pa_context *ctx, pa_pool *pool, pa_device *dev, int32_t flags,
+                          pa_batch **out);
+void pa_batch_destroy(pa_batch *batch);
+/* seqs[i], num_new[i] for i < n: distinct live sequences and counts >= 0.
+ * info (maybe NULL) receives the shapes. */
+pa_status pa_batch_stage(pa_context *ctx, pa_batch *batch, int32_t n, const int32_t *seqs,
+                         const int32_t *num_new, pa_batch_info *info);
+/* Undoes the last successful stage (lengths and pages taken), e.g. when the
+ * attention call that was to write the new tokens failed. */
+pa_status pa_batch_unstage(pa_context *ctx, pa_batch *batch);
+pa_tensor *pa_batch_tensor(const pa_batch *batch, pa_batch_field field);
+
 /* ---- ABI self-check (the Lua bindings compare these with ffi.sizeof and
  * ffi.offsetof): the size of a public struct by name, or the offset of one
  * of its fields; -1 if unknown. ---- */

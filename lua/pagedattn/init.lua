@@ -5,6 +5,8 @@
 local core = require "pagedattn.core"
 local tensor = require "pagedattn.tensor"
 local attention = require "pagedattn.attention"
+local cache = require "pagedattn.cache"
+require "pagedattn.batch" -- adds cache:batch()
 
 local pa = {
   version = require("ffi").string(core.C.pa_version()),
@@ -18,6 +20,7 @@ local pa = {
   is_tensor = tensor.is_tensor,
   attention_with_kvcache = attention.attention_with_kvcache,
   attention_varlen = attention.attention_varlen,
+  kv_cache = cache.kv_cache,
 }
 
 return pa

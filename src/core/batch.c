@@ -1,0 +1,384 @@
+/*
+ * batch.c -- batch staging: from (sequence, new tokens) pairs, append to every
+ * sequence (all or nothing) and write the index tensors of one attention step
+ * (padded block table, seqlens, cu_seqlens_q, positions, and FlashInfer's CSR
+ * form) into one device buffer that is reused from step to step.
+ *
+ * This is the hot path of a serving loop (hundreds of sequences, every decode
+ * step), so it is one pass to plan, one to commit and one to write, with no
+ * allocation once the buffers have grown to the workload. All arrays are
+ * written into one host buffer (the device buffer itself when the host can
+ * address it) and go to the device in one upload.
+ */
+#include "pool.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define ALIGN_ELEMS 16 /* each array starts on a 64-byte boundary */
+
+typedef struct entry {
+    pa_seq *seq;
+    int32_t fresh;        /* new pages */
+    int32_t cow_page;     /* the copy of its shared partial page, or -1 */
+    int32_t before_len;   /* for unstage */
+    int32_t before_pages;
+    int32_t num_new;
+    int32_t pages_after;  /* pages holding its tokens after the step */
+    bool cow;
+} entry;
+
+struct pa_batch {
+    pa_pool *pool;
+    pa_device *dev; /* holds a reference */
+    void *dev_buf;  /* device buffer of cap_elems int32 */
+    int32_t *host_buf; /* staging copy when the device is not host-accessible */
+    size_t cap_elems;
+    pa_tensor views[PA_BATCH_NUM_FIELDS];
+    entry *entries;
+    int32_t *staged_ids;
+    int32_t entry_cap;
+    int32_t staged_n; /* entries of the last stage; -1 when there is nothing to undo */
+    bool csr;         /* write the CSR arrays */
+};
+
+pa_status pa_batch_create(pa_context *ctx, pa_pool *pool, pa_device *dev, int32_t flags,
+                          pa_batch **out) {
+    if (!out) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: out is NULL");
+    *out = NULL;
+    if (!pool) return pa_fail(ctx, PA_ERR_ARGUMENT, "pool: NULL");
+    if (flags & ~(int32_t)PA_BATCH_NO_CSR) return pa_fail(ctx, PA_ERR_ARGUMENT, "flags: unknown bits 0x%x", (unsigned)flags);
+    if (!dev) dev = pool->dev;
+    if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "dev: required (the pool has no cache tensors)");
+    pa_batch *b = calloc(1, sizeof *b);
+    if (!b) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory");
+    b->pool = pool;
+    pa_device_retain(dev);
+    b->dev = dev;
+    b->staged_n = -1;
+    b->csr = !(flags & PA_BATCH_NO_CSR);
+    for (int f = 0; f < PA_BATCH_NUM_FIELDS; f++) {
+        pa_tensor *t = &b->views[f];
+        t->dev = dev;
+        t->dtype = PA_I32;
+        t->ndim = f == PA_BATCH_BLOCK_TABLE ? 2 : 1;
+    }
+    b->views[PA_BATCH_CU_SEQLENS_Q].shape[0] = 1;
+    b->views[PA_BATCH_CU_SEQLENS_Q].numel = 1;
+    b->views[PA_BATCH_KV_INDPTR].shape[0] = 1;
+    b->views[PA_BATCH_KV_INDPTR].numel = 1;
+    *out = b;
+    return PA_OK;
+}
+
+void pa_batch_destroy(pa_batch *b) {
+    if (!b) return;
+    if (b->dev_buf) {
+        /* kernels queued by earlier steps may still read the buffer */
+        b->dev->ops->synchronize(NULL, b->dev);
+        b->dev->ops->free(b->dev, b->dev_buf);
+    }
+    free(b->host_buf);
+    free(b->entries);
+    free(b->staged_ids);
+    pa_device_release(b->dev);
+    free(b);
+}
+
+pa_tensor *pa_batch_tensor(const pa_batch *b, pa_batch_field field) {
+    if (!b || (int)field < 0 || field >= PA_BATCH_NUM_FIELDS) return NULL;
+    return (pa_tensor *)&b->views[field];
+}
+
+static pa_status grow_entries(pa_context *ctx, pa_batch *b, int32_t n) {
+    if (n <= b->entry_cap) return PA_OK;
+    int64_t cap = b->entry_cap ? b->entry_cap : 64;
+    while (cap < n) cap *= 2;
+    if (cap > INT32_MAX) cap = INT32_MAX;
+    entry *e = realloc(b->entries, (size_t)cap * sizeof *e);
+    if (!e) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory");
+    b->entries = e;
+    int32_t *ids = realloc(b->staged_ids, (size_t)cap * sizeof *ids);
+    if (!ids) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory");
+    b->staged_ids = ids;
+    b->entry_cap = (int32_t)cap;
+    return PA_OK;
+}
+
+/* Grows the staging buffers to hold `elems` int32; nothing else changes. */
+static pa_status grow_buffer(pa_context *ctx, pa_batch *b, size_t elems) {
+    if (elems <= b->cap_elems) return PA_OK;
+    if (elems > SIZE_MAX / 2 / sizeof(int32_t))
+        return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: %zu staging elements is too many", elems);
+    size_t cap = b->cap_elems ? b->cap_elems : 4096;
+    while (cap < elems) cap *= 2;
+    void *dbuf = NULL;
+    pa_status st = b->dev->ops->alloc(ctx, b->dev, cap * sizeof(int32_t), &dbuf);
+    if (st) return pa_fail_prefix(ctx, st, "batch: staging buffer");
+    int32_t *hbuf = NULL;
+    if (!b->dev->host_accessible) {
+        hbuf = malloc(cap * sizeof(int32_t));
+        if (!hbuf) {
+            b->dev->ops->free(b->dev, dbuf);
+            return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory for staging");
+        }
+    }
+    if (b->dev_buf) {
+        /* the old buffer may still be read by queued kernels */
+        st = b->dev->ops->synchronize(ctx, b->dev);
+        if (st) {
+            b->dev->ops->free(b->dev, dbuf);
+            free(hbuf);
+            return st;
+        }
+        b->dev->ops->free(b->dev, b->dev_buf);
+    }
+    free(b->host_buf);
+    b->dev_buf = dbuf;
+    b->host_buf = hbuf;
+    b->cap_elems = cap;
+    return PA_OK;
+}
+
+static size_t align_up(size_t n) { return (n + ALIGN_ELEMS - 1) & ~(size_t)(ALIGN_ELEMS - 1); }
+
+static void set_view(pa_batch *b, pa_batch_field f, size_t off, int64_t d0, int64_t d1) {
+    pa_tensor *t = &b->views[f];
+    t->data = (int32_t *)b->dev_buf + off;
+    t->shape[0] = d0;
+    t->numel = d0;
+    if (t->ndim == 2) {
+        t->shape[1] = d1;
+        t->numel = d0 * d1;
+    }
+    t->bytes = (size_t)t->numel * sizeof(int32_t);
+}
+
+/* Returns the sequences of entries [0, n) to their state before the stage. */
+static void rollback(pa_batch *b, int32_t n) {
+    for (int32_t i = n - 1; i >= 0; i--) {
+        entry *e = &b->entries[i];
+        pa_seq_shrink(b->pool, e->seq, e->before_len, e->before_pages);
+    }
+}
+
+pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t *seqs,
+                         const int32_t *num_new, pa_batch_info *info) {
+    if (!b) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: NULL");
+    if (n < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %d is negative", n);
+    if (n > 0 && !seqs) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: NULL");
+    if (n > 0 && !num_new) return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: NULL");
+    pa_pool *pool = b->pool;
+    const int32_t ps = pool->page_size;
+    pa_status st = grow_entries(ctx, b, n);
+    if (st) return st;
+
+    /* 1. validate and plan: which pages each entry takes, and the shapes */
+    const uint32_t epoch = pa_pool_next_epoch(pool);
+    int64_t need = 0, cows = 0, total_q = 0, nnz = 0;
+    int32_t width = 1, max_q = 0, max_k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        pa_seq *s = pa_pool_seq(pool, seqs[i]);
+        if (!s)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: entry %d (%d) is not a live sequence of the pool", i, seqs[i]);
+        if (s->stamp == epoch)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: sequence %d appears twice (entries %d and %d)",
+                           seqs[i], s->entry, i);
+        s->stamp = epoch;
+        s->entry = i;
+        const int32_t nn = num_new[i];
+        if (nn < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: entry %d is %d (negative)", i, nn);
+        const int64_t len = s->len, end = len + nn;
+        if (end > PA_MAX_SEQ_LEN)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: entry %d: %d more tokens make sequence %d longer than 2^31 - 1",
+                           i, nn, seqs[i]);
+        const int32_t pages_after = pa_pool_pages_for(pool, end);
+        entry *e = &b->entries[i];
+        e->seq = s;
+        e->num_new = nn;
+        e->pages_after = pages_after;
+        e->fresh = pages_after > s->num_pages ? pages_after - s->num_pages : 0;
+        e->cow = false;
+        e->cow_page = -1;
+        if (nn > 0 && pa_page_slot(pool, len) != 0) {
+            /* several entries may share this page: the last writer keeps it.
+             * (An unshared page, the usual case, needs no look at the stamps.) */
+            const int32_t p = s->pages[pa_page_index(pool, len)];
+            const int32_t rc = pool->refcount[p];
+            if (rc > 1) {
+                if (pool->page_stamp[p] != epoch) {
+                    pool->page_stamp[p] = epoch;
+                    pool->page_drops[p] = 0;
+                }
+                if (rc - pool->page_drops[p] > 1) {
+                    e->cow = true;
+                    pool->page_drops[p]++;
+                    cows++;
+                }
+            }
+        }
+        need += e->fresh;
+        total_q += nn;
+        nnz += pages_after;
+        if (pages_after > width) width = pages_after;
+        if (nn > max_q) max_q = nn;
+        if (end > max_k) max_k = (int32_t)end;
+    }
+    need += cows;
+    if (total_q > INT32_MAX || nnz > INT32_MAX)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: the batch has more than 2^31 - 1 new tokens or pages");
+    if (need > pool->free_top)
+        return pa_fail(ctx, PA_ERR_OUT_OF_PAGES,
+                       "seqs: out of pages: the batch needs %lld more pages (%lld of them copies of shared pages), the pool has %lld free of %lld",
+                       (long long)need, (long long)cows, (long long)pool->free_top, (long long)pool->num_pages);
+
+    /* layout of the staging buffer */
+    const size_t B = (size_t)n, T = (size_t)total_q;
+    size_t off[PA_BATCH_NUM_FIELDS], total = 0;
+    const size_t len_of[PA_BATCH_NUM_FIELDS] = {
+        [PA_BATCH_BLOCK_TABLE] = B * (size_t)width, [PA_BATCH_CACHE_SEQLENS] = B,
+        [PA_BATCH_SEQUSED_K] = B, [PA_BATCH_CU_SEQLENS_Q] = B + 1, [PA_BATCH_POSITIONS] = T,
+        [PA_BATCH_BATCH_INDICES] = T, [PA_BATCH_KV_INDPTR] = b->csr ? B + 1 : 0,
+        [PA_BATCH_KV_INDICES] = b->csr ? (size_t)nnz : 0, [PA_BATCH_KV_LAST_PAGE_LEN] = b->csr ? B : 0,
+    };
+    for (int f = 0; f < PA_BATCH_NUM_FIELDS; f++) {
+        off[f] = total;
+        total += align_up(len_of[f]);
+    }
+
+    /* 2. everything that can fail, before anything moves */
+    st = grow_buffer(ctx, b, total);
+    if (st) return st;
+    for (int32_t i = 0; i < n; i++) {
+        entry *e = &b->entries[i];
+        if (e->fresh > 0) {
+            st = pa_seq_ensure_cap(ctx, e->seq, (int64_t)e->seq->num_pages + e->fresh);
+            if (st) return st;
+        }
+    }
+    for (int32_t i = 0; i < n && cows > 0; i++) {
+        entry *e = &b->entries[i];
+        if (!e->cow) continue;
+        const pa_seq *s = e->seq;
+        e->cow_page = pa_pool_pop_page(pool);
+        st = pa_pool_copy_page(ctx, pool, e->cow_page, s->pages[pa_page_index(pool, s->len)],
+                               pa_page_slot(pool, s->len));
+        if (st) {
+            for (int32_t j = i; j >= 0; j--) /* reverse order restores the stack */
+                if (b->entries[j].cow_page >= 0) pa_pool_push_page(pool, b->entries[j].cow_page);
+            return st;
+        }
+    }
+
+    /* 3. commit (cannot fail) and write the arrays, in one pass */
+    int32_t *base = b->dev->host_accessible ? (int32_t *)b->dev_buf : b->host_buf;
+    int32_t *bt = base + off[PA_BATCH_BLOCK_TABLE];
+    int32_t *cache_seqlens = base + off[PA_BATCH_CACHE_SEQLENS];
+    int32_t *seqused = base + off[PA_BATCH_SEQUSED_K];
+    int32_t *cu = base + off[PA_BATCH_CU_SEQLENS_Q];
+    int32_t *pos = base + off[PA_BATCH_POSITIONS];
+    int32_t *bidx = base + off[PA_BATCH_BATCH_INDICES];
+    int32_t *indptr = base + off[PA_BATCH_KV_INDPTR];
+    int32_t *indices = base + off[PA_BATCH_KV_INDICES];
+    int32_t *last = base + off[PA_BATCH_KV_LAST_PAGE_LEN];
+    int32_t q_at = 0, k_at = 0;
+    const bool csr = b->csr;
+    cu[0] = 0;
+    if (csr) indptr[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        entry *e = &b->entries[i];
+        pa_seq *s = e->seq;
+        const int32_t before = (int32_t)s->len, nn = e->num_new, pages = e->pages_after;
+        e->before_len = before;
+        e->before_pages = s->num_pages;
+        if (e->cow_page >= 0) {
+            int32_t *slot = &s->pages[pa_page_index(pool, before)];
+            const int32_t old = *slot;
+            pa_pool_page_ref(pool, e->cow_page);
+            *slot = e->cow_page;
+            pa_pool_page_unref(pool, old);
+            pool->cow_copies++;
+        }
+        for (int32_t j = 0; j < e->fresh; j++) {
+            const int32_t p = pa_pool_pop_page(pool);
+            pa_pool_page_ref(pool, p);
+            s->pages[s->num_pages++] = p;
+        }
+        const int32_t after = before + nn;
+        s->len = after;
+        b->staged_ids[i] = seqs[i];
+
+        cache_seqlens[i] = before;
+        seqused[i] = after;
+        for (int32_t t = 0; t < nn; t++) {
+            pos[q_at + t] = before + t;
+            bidx[q_at + t] = i;
+        }
+        q_at += nn;
+        cu[i + 1] = q_at;
+        int32_t *row = bt + (size_t)i * (size_t)width;
+        if (pages > 0) memcpy(row, s->pages, (size_t)pages * sizeof(int32_t));
+        if (pages < width) memset(row + pages, 0, (size_t)(width - pages) * sizeof(int32_t));
+        if (csr) {
+            if (pages > 0) memcpy(indices + k_at, row, (size_t)pages * sizeof(int32_t));
+            k_at += pages;
+            indptr[i + 1] = k_at;
+            last[i] = pages ? after - (pages - 1) * ps : 0;
+        }
+    }
+    pool->tokens += total_q;
+    {
+        int64_t used = pool->num_pages - pool->free_top;
+        if (used > pool->peak_used) pool->peak_used = used;
+    }
+    if (!b->dev->host_accessible && total > 0) {
+        st = b->dev->ops->upload(ctx, b->dev, b->dev_buf, b->host_buf, total * sizeof(int32_t));
+        if (st) {
+            rollback(b, n);
+            b->staged_n = -1;
+            return pa_fail_prefix(ctx, st, "batch: uploading the staged tables");
+        }
+    }
+
+    set_view(b, PA_BATCH_BLOCK_TABLE, off[PA_BATCH_BLOCK_TABLE], n, width);
+    set_view(b, PA_BATCH_CACHE_SEQLENS, off[PA_BATCH_CACHE_SEQLENS], n, 0);
+    set_view(b, PA_BATCH_SEQUSED_K, off[PA_BATCH_SEQUSED_K], n, 0);
+    set_view(b, PA_BATCH_CU_SEQLENS_Q, off[PA_BATCH_CU_SEQLENS_Q], n + 1, 0);
+    set_view(b, PA_BATCH_POSITIONS, off[PA_BATCH_POSITIONS], total_q, 0);
+    set_view(b, PA_BATCH_BATCH_INDICES, off[PA_BATCH_BATCH_INDICES], total_q, 0);
+    set_view(b, PA_BATCH_KV_INDPTR, off[PA_BATCH_KV_INDPTR], csr ? n + 1 : 0, 0);
+    set_view(b, PA_BATCH_KV_INDICES, off[PA_BATCH_KV_INDICES], csr ? nnz : 0, 0);
+    set_view(b, PA_BATCH_KV_LAST_PAGE_LEN, off[PA_BATCH_KV_LAST_PAGE_LEN], csr ? n : 0, 0);
+    b->staged_n = n;
+    if (info) {
+        info->batch = n;
+        info->total_q = (int32_t)total_q;
+        info->max_seqlen_q = max_q;
+        info->max_seqlen_k = max_k;
+        info->max_pages = width;
+        info->num_indices = csr ? (int32_t)nnz : 0;
+        info->new_pages = (int32_t)need;
+        info->cow_copies = (int32_t)cows;
+    }
+    return PA_OK;
+}
+
+pa_status pa_batch_unstage(pa_context *ctx, pa_batch *b) {
+    if (!b) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: NULL");
+    if (b->staged_n < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: nothing staged to undo");
+    /* check first, so that a refusal changes nothing */
+    for (int32_t i = 0; i < b->staged_n; i++) {
+        const entry *e = &b->entries[i];
+        const pa_seq *s = pa_pool_seq(b->pool, b->staged_ids[i]);
+        if (!s || s->len != (int64_t)e->before_len + e->num_new ||
+            s->num_pages != e->before_pages + e->fresh)
+            return pa_fail(ctx, PA_ERR_ARGUMENT,
+                           "batch: sequence %d was freed or changed since it was staged; cannot undo the stage",
+                           b->staged_ids[i]);
+    }
+    /* the slot table may have moved since (sequences created): look them up again */
+    for (int32_t i = 0; i < b->staged_n; i++) b->entries[i].seq = pa_pool_seq(b->pool, b->staged_ids[i]);
+    rollback(b, b->staged_n);
+    b->staged_n = -1;
+    return PA_OK;
+}
