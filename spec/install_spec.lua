@@ -1,0 +1,105 @@
+-- spec/install_spec.lua -- packaging: scripts/install into a temporary prefix,
+-- then a C program compiled and linked with `pkg-config --cflags --libs
+-- pagedattn`, and `require "pagedattn"` from the installed Lua tree (outside
+-- the source tree). The rockspec is checked with `luarocks lint` where
+-- LuaRocks is installed (pending otherwise).
+local function cwd()
+  local p = io.popen("pwd")
+  local d = p:read("*l")
+  p:close()
+  return d
+end
+local root = os.getenv("PAGEDATTN_ROOT") or cwd()
+
+local function sh(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return rc, (out:gsub("__rc=%d+%s*$", ""))
+end
+
+local have = function(cmd) return sh("command -v " .. cmd .. " >/dev/null") == 0 end
+
+local HELLO = [[
+#include <pagedattn.h>
+#include <stdio.h>
+
+int main(void) {
+    pa_context *ctx = NULL;
+    pa_device *dev = NULL;
+    if (pa_context_create(&ctx) != PA_OK) return 1;
+    if (pa_device_open(ctx, "cpu", &dev) != PA_OK) {
+        fprintf(stderr, "%s\n", pa_context_error(ctx));
+        return 1;
+    }
+    printf("pagedattn %s on %s\n", pa_version(), pa_device_name(dev));
+    pa_device_release(dev);
+    pa_context_destroy(ctx);
+    return 0;
+}
+]]
+
+describe("scripts/install", function()
+  local prefix
+
+  setup(function()
+    local p = io.popen("mktemp -d")
+    prefix = p:read("*l") .. "/prefix"
+    p:close()
+    -- the library is already built by scripts/test; --no-build keeps this quick
+    local rc, out = sh(string.format("%s/scripts/install --no-build '%s'", root, prefix))
+    assert(rc == 0, out)
+  end)
+  teardown(function()
+    sh("rm -rf '" .. prefix:match("^(.*)/") .. "'")
+  end)
+
+  local it_pc = (have("pkg-config") and have("cc")) and it or pending
+
+  it_pc("installs a pkg-config file that compiles and links a C program", function()
+    local dir = prefix:match("^(.*)/")
+    local f = assert(io.open(dir .. "/hello.c", "wb"))
+    f:write(HELLO)
+    f:close()
+    local env = string.format("PKG_CONFIG_PATH='%s/lib/pkgconfig'", prefix)
+    local rc, version = sh(env .. " pkg-config --modversion pagedattn")
+    assert.are.equal(0, rc, version)
+    local pa = require "pagedattn"
+    assert.are.equal(pa.version, version:match("[^\n]+"))
+    local cmd = string.format("cd '%s' && %s && cc -std=c11 -Wall -Werror -o hello hello.c " ..
+      "$(pkg-config --cflags --libs pagedattn) && LD_LIBRARY_PATH=\"$(pkg-config --variable=libdir pagedattn)\" ./hello",
+      dir, "export " .. env)
+    local rc2, out = sh(cmd)
+    assert.are.equal(0, rc2, out)
+    assert.matches("pagedattn " .. version:match("[^\n]+") .. " on cpu", out, 1, true)
+  end)
+
+  it("installs Lua modules that load the installed library and header", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local cmd = string.format("cd / && env -u PAGEDATTN_LIB -u PAGEDATTN_HEADER -u PAGEDATTN_ROOT " ..
+      "LUA_PATH='%s/?.lua;%s/?/init.lua;;' LUA_CPATH='%s/lib/lua/5.1/?.so;;' " ..
+      "luajit -e 'local pa = require \"pagedattn\"; print(pa.library_path); print(pa.device(\"cpu\").name)'",
+      lua, lua, prefix)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches(prefix .. "/lib/lua/5.1/libpagedattn.so", out, 1, true)
+    assert.matches("\ncpu\n", out, 1, true)
+  end)
+
+  it("installs the sweep runner and the plotter as commands", function()
+    local rc, out = sh(string.format("cd / && env -u LUA_PATH '%s/bin/pagedattn-sweep' --help", prefix))
+    assert.are.equal(0, rc, out)
+    assert.matches("--emit-jobs", out, 1, true)
+    local rc2, out2 = sh(string.format("cd / && env -u LUA_PATH '%s/bin/pagedattn-plot' --help", prefix))
+    assert.are.equal(0, rc2, out2)
+  end)
+end)
+
+describe("the rockspec", function()
+  local it_rocks = have("luarocks") and it or pending
+  it_rocks("passes luarocks lint", function()
+    local rc, out = sh(string.format("cd '%s' && luarocks --lua-version=5.1 lint pagedattn-scm-1.rockspec", root))
+    assert.are.equal(0, rc, out)
+  end)
+end)
