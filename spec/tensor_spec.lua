@@ -70,6 +70,13 @@ describe("tensors", function()
     assert.is_true(math.abs(var - 1) < 0.03, "variance " .. var)
   end)
 
+  it("fill rounds once, like from_table", function()
+    for _, dt in ipairs({ "bf16", "f16", "f32" }) do
+      local x = 192.50000141882174
+      assert.equal(ref.round(x, dt), pa.tensor({ 3 }, dt, cpu):fill(x):to_table()[2])
+    end
+  end)
+
   it("fill, clone and copy_from", function()
     local t = pa.tensor({ 5 }, "f16", cpu):fill(1.5)
     assert.same({ 1.5, 1.5, 1.5, 1.5, 1.5 }, t:to_table())

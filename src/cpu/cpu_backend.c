@@ -125,10 +125,7 @@ static void fill_item(void *arg, int64_t item, int thread) {
     int64_t begin = item * FILL_CHUNK, end = begin + FILL_CHUNK;
     if (end > t->numel) end = t->numel;
     if (!job->randn) {
-        for (int64_t i = begin; i < end; i++) {
-            if (t->dtype == PA_I32) ((int32_t *)t->data)[i] = (int32_t)job->value;
-            else pa_store_f32(t->data, t->dtype, i, (float)job->value);
-        }
+        for (int64_t i = begin; i < end; i++) pa_store_f64(t->data, t->dtype, i, job->value);
         return;
     }
     double z[4];
