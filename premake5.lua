@@ -29,6 +29,9 @@ project "pagedattn"
   includedirs { "src" }
   buildoptions { "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
                  "-fno-strict-aliasing", "-pthread", "-fvisibility=default" }
+  -- src/cuda/kernel_sources.c embeds kernels/ with the assembler's .incbin,
+  -- which looks for the files on this include path
+  buildoptions { "-Wa,-I" .. path.getdirectory(_SCRIPT) .. "/kernels" }
   linkoptions { "-pthread" }
   links { "m", "dl", "pthread" }
   keep_symbols()

@@ -1,0 +1,93 @@
+/*
+ * attn_common.cuh -- the epilogue that the attention kernels share: write a
+ * block's rows as the final out/lse, or as the partial result of one key split;
+ * the last block of a split group to arrive then combines the partials over
+ * their log-sum-exp (flash decoding's combine, fused: no second launch).
+ *
+ * Rows of a block: row r is query w.i0 + r / gt of sequence w.b, head
+ * hk * group + g0 + r % gt. Partial rows of a sequence are split-major:
+ * (part_row + split * seqlen_q + query) * heads + head. Partial lse values are
+ * in log2 units; -inf marks a split that saw no key of that row.
+ */
+#ifndef PA_ATTN_COMMON_CUH
+#define PA_ATTN_COMMON_CUH
+#ifndef PA_EMBED_ONLY
+
+#include "common.cuh"
+
+PA_DEV float pa_log2(float x) {
+    float y;
+    asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* get_o(r, d): normalised output of row r, element d; get_lse2(r): its
+ * log2-sum-exp (-inf when the row saw no key). s_flag: one shared int. */
+template <int DT, typename FO, typename FL>
+__device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int rows, int gt, int hk, int g0, int head_tile, FO get_o,
+                              FL get_lse2, int *s_flag) {
+    const int D = p.head_dim, H = p.heads;
+    const int total = rows * D;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        const int r = e / D, d = e - r * D;
+        const int qi = w.i0 + r / gt, g = g0 + r % gt;
+        if (qi >= w.seqlen_q || g >= p.group) continue;
+        const int h = hk * p.group + g;
+        const float o = get_o(r, d);
+        if (w.nsplit == 1) {
+            pa_elem<DT>::store((void *)p.out, ((w.q_start + qi) * H + h) * (i64)D + d, o);
+            if (d == 0 && p.lse) {
+                const float l2 = get_lse2(r);
+                ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] =
+                    l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
+            }
+        } else {
+            const i64 prow = (w.part_row + (i64)w.split * w.seqlen_q + qi) * H + h;
+            ((float *)p.part_o)[prow * D + d] = o;
+            if (d == 0) ((float *)p.part_lse)[prow] = get_lse2(r);
+        }
+    }
+    if (w.nsplit == 1) return;
+
+    /* Publish the partials, count arrivals; the last block combines. */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 *counter = (u32 *)p.counters + w.counter + head_tile;
+        const u32 prev = atomicAdd(counter, 1u);
+        const bool last = prev == (u32)(w.nsplit - 1);
+        if (last) *counter = 0; /* ready for the next call: nobody else touches it now */
+        *s_flag = last;
+    }
+    __syncthreads();
+    if (!*s_flag) return;
+    __threadfence();
+    const float *po = (const float *)p.part_o, *pl = (const float *)p.part_lse;
+    for (int e = threadIdx.x; e < total; e += blockDim.x) {
+        const int r = e / D, d = e - r * D;
+        const int qi = w.i0 + r / gt, g = g0 + r % gt;
+        if (qi >= w.seqlen_q || g >= p.group) continue;
+        const int h = hk * p.group + g;
+        const i64 row0 = (w.part_row + qi) * H + h;
+        const i64 split_stride = (i64)w.seqlen_q * H;
+        float mx = -PA_INF;
+        for (int s = 0; s < w.nsplit; s++) mx = fmaxf(mx, pa_ld_cg(pl + row0 + s * split_stride));
+        float o = 0.f, lse = -PA_INF;
+        if (mx != -PA_INF) {
+            float wsum = 0.f, acc = 0.f;
+            for (int s = 0; s < w.nsplit; s++) {
+                const i64 prow = row0 + s * split_stride;
+                const float wt = pa_exp2(pa_ld_cg(pl + prow) - mx); /* -inf -> 0 */
+                wsum += wt;
+                acc += wt * pa_ld_cg(po + prow * D + d);
+            }
+            o = acc / wsum;
+            lse = (mx + pa_log2(wsum)) * PA_LN2;
+        }
+        pa_elem<DT>::store((void *)p.out, ((w.q_start + qi) * H + h) * (i64)D + d, o);
+        if (d == 0 && p.lse) ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = lse;
+    }
+}
+
+#endif /* PA_EMBED_ONLY */
+#endif /* PA_ATTN_COMMON_CUH */

@@ -1,0 +1,356 @@
+/*
+ * decode_mma.cu -- paged decode attention on tensor cores (f16, bf16): the
+ * decode kernel's plan (see decode.cu) with the arithmetic on mma.sync
+ * m16n8k16, because the CUDA-core version spends more instructions per key
+ * than the SMs can issue at full memory bandwidth.
+ *
+ * One block = one work item (sequence b, keys [k0, k1)) x one head tile: kv
+ * head hk with GT of its query heads for NQ queries, ROWS = NQ * GT <= 16 rows,
+ * padded to the 16 rows of an MMA tile (padding rows are all masked).
+ *  - Page ids of the range go to shared memory first; the absolute 64-bit byte
+ *    offset of each K/V row of a stage is computed once (one thread per row,
+ *    a stage ahead, in a two-entry ring) and the 16-byte cp.async copies of the
+ *    STAGES-deep pipeline add only their chunk offset to it.
+ *  - Each of the 4 warps takes 8 keys of every 32-key stage (small stages:
+ *    more of them fit, so more bytes are in flight per SM): S = Q K^T with
+ *    m16n8k16 (Q fragments loaded once, K by ldmatrix from padded rows, so
+ *    conflict-free), the online softmax in base 2 on the accumulator
+ *    fragments, P rounded to the input type as the A operand of O += P V with
+ *    m16n8k8 (V by ldmatrix.trans). Accumulation in f32 throughout.
+ *  - The warps' states are merged through shared memory; pa_write_rows writes
+ *    out/lse or the split's partial and combines the splits (fused).
+ *
+ * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 32, <= 128), PA_NQ,
+ * PA_GT (NQ * GT <= 16), PA_PAGE (-1 contiguous, 0 any, else a power of two),
+ * PA_STAGES, PA_MAXP.
+ */
+#ifndef PA_EMBED_ONLY
+#include "attn_common.cuh"
+
+#if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
+    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP)
+#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP"
+#endif
+
+#define NTHREADS 128
+#define NWARPS 4
+
+namespace {
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+constexpr int D = PA_D;
+constexpr int NQ = PA_NQ, GT = PA_GT, ROWS = NQ * GT;
+constexpr int T = 8 * NWARPS;           /* keys per stage: 8 per warp */
+constexpr int ROWB = D * 2;             /* bytes of a K/V row in global memory */
+constexpr int RSTRIDE = ROWB + 16;      /* in shared memory: padded, so ldmatrix is conflict-free */
+constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
+constexpr int KV_STAGE = 2 * T * RSTRIDE;
+constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : PA_MAXP * 4;
+constexpr int ROWOFF_BYTES = 2 * T * 8; /* ring of two stages' row offsets */
+constexpr int Q_BYTES = 16 * RSTRIDE;
+constexpr int MERGE_BYTES = NWARPS * 16 * (D + 2) * 4;
+constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
+constexpr int SMEM = KV_OFF + cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
+
+static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
+static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
+static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
+static_assert(PA_STAGES >= 2, "pipeline depth");
+static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
+static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
+} // namespace
+
+extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
+
+PA_DEV void ldmatrix_x4(u32 (&r)[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(pa_smem_addr(smem)));
+}
+PA_DEV void ldmatrix_x4_trans(u32 (&r)[4], const void *smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(pa_smem_addr(smem)));
+}
+/* c += a b: m16n8k16, A row-major 16x16, B "col" 16x8 (8 columns of 16), f32 */
+PA_DEV void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if PA_DTYPE == PA_DT_BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+#endif
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* c += a b: m16n8k8 (the P V product: k = 8 keys) */
+PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
+#if PA_DTYPE == PA_DT_BF16
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+#else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                 "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+#endif
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b));
+}
+/* two floats -> the input type, packed: lo in the low half */
+PA_DEV u32 pack2(float lo, float hi) {
+    u32 r;
+#if PA_DTYPE == PA_DT_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_attn_params p) {
+    extern __shared__ __align__(128) u8 smem[];
+    __shared__ int s_flag;
+    __shared__ pa_work s_w;
+    __shared__ float s_slope[16];
+    __shared__ int s_lo[16], s_hi[16];
+    int *s_pages = (int *)smem;
+    i64 *s_rowoff = (i64 *)(smem + PAGES_BYTES);
+    u8 *s_q = smem + PAGES_BYTES + ROWOFF_BYTES;
+    u8 *s_kv = smem + KV_OFF;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int head_tile = blockIdx.x % p.head_tiles;
+    if (tid == 0) s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
+    __syncthreads();
+    const pa_work &w = s_w;
+    const int tiles_per_group = p.group / GT;
+    const int hk = head_tile / tiles_per_group;
+    const int g0 = (head_tile - hk * tiles_per_group) * GT;
+    const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
+
+    /* 1. page ids of keys [k0, k1), never past the last page holding a key */
+    int first_page = 0;
+    if (PA_PAGE != -1 && w.k1 > w.k0) {
+        first_page = w.k0 / ps;
+        const int npages = (w.k1 - 1) / ps - first_page + 1;
+        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
+        for (int i = tid; i < npages; i += NTHREADS) s_pages[i] = bt[i];
+    }
+    /* 2. rows: key ranges, ALiBi slopes; the Q tile (unscaled, in the input
+     * type; the rotated f32 q is rounded to it) */
+    const bool natural = p.softcap > 0.f || p.alibi != 0;
+    if (tid < 16) {
+        const int r = tid, qi = r / GT, h = hk * p.group + g0 + r % GT;
+        int lo = 0, hi = 0;
+        float slope = 0.f;
+        if (r < ROWS && qi < w.seqlen_q) {
+            pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
+            lo = max(lo, w.k0);
+            hi = min(hi, w.k1);
+            if (p.alibi) slope = ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + h] * PA_LOG2E;
+        }
+        s_lo[r] = lo;
+        s_hi[r] = hi;
+        s_slope[r] = slope;
+    }
+    for (int e = tid; e < 16 * CPR; e += NTHREADS) {
+        const int r = e / CPR, c = e - r * CPR, qi = r / GT;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < ROWS && qi < w.seqlen_q) {
+            const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
+            if (p.q_f32) {
+                float x[8];
+                pa_load8<PA_DT_F32>((const float *)p.q + off, x);
+                v = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+            } else {
+                v = *(const uint4 *)((const u16 *)p.q + off);
+            }
+        }
+        *(uint4 *)(s_q + r * RSTRIDE + c * 16) = v;
+    }
+
+    /* 3. the pipeline. Row offsets of stage st (bytes from the cache base;
+     * -1 past k1) live in ring entry st % 2, written a stage before use. */
+    const int nst = (w.k1 - w.k0 + T - 1) / T;
+    const i64 head_bytes = (i64)hk * D * 2;
+    auto row_offsets = [&](int st) {
+        if (tid < T) {
+            const int tok = w.k0 + st * T + tid;
+            i64 off = -1;
+            if (tok < w.k1) {
+                if (PA_PAGE == -1) {
+                    off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2 + head_bytes;
+                } else {
+                    const int pg = tok / ps;
+                    off = ((i64)s_pages[pg - first_page] * p.page_stride + (i64)(tok - pg * ps) * p.row_stride) * 2 +
+                          head_bytes;
+                }
+            }
+            s_rowoff[(st & 1) * T + tid] = off;
+        }
+    };
+    auto issue = [&](int st) {
+        u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE, *sv = sk + T * RSTRIDE;
+        const i64 *ro = s_rowoff + (st & 1) * T;
+#pragma unroll
+        for (int it = 0; it < T * CPR / NTHREADS; it++) {
+            const int c = tid + it * NTHREADS, t = c / CPR, ch = c - t * CPR;
+            const i64 off = ro[t];
+            const bool ok = off >= 0;
+            const i64 src = (ok ? off : 0) + ch * 16;
+            pa_cp_async16(sk + t * RSTRIDE + ch * 16, (const u8 *)p.k_cache + src, ok);
+            pa_cp_async16(sv + t * RSTRIDE + ch * 16, (const u8 *)p.v_cache + src, ok);
+        }
+    };
+    __syncthreads(); /* page ids, rows, Q tile */
+#pragma unroll
+    for (int st = 0; st < PA_STAGES - 1; st++) {
+        if (st < nst) {
+            row_offsets(st);
+            __syncthreads();
+            issue(st);
+        }
+        pa_cp_async_commit();
+    }
+    if (PA_STAGES - 1 < nst) row_offsets(PA_STAGES - 1);
+
+    /* this lane's rows (g, g + 8) and Q fragments, kept for the whole range */
+    const int g = lane >> 2, t4 = lane & 3;
+    const int lo0 = s_lo[g], hi0 = s_hi[g], lo1 = s_lo[g + 8], hi1 = s_hi[g + 8];
+    u32 qa[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        const int mi = lane >> 3;
+        ldmatrix_x4(qa[ks], s_q + ((lane & 7) + 8 * (mi & 1)) * RSTRIDE + (ks * 16 + 8 * (mi >> 1)) * 2);
+    }
+    const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
+    const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
+    const float slope0 = s_slope[g], slope1 = s_slope[g + 8];
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -PA_INF, m1 = -PA_INF, l0 = 0.f, l1 = 0.f; /* rows g, g + 8; l: this lane's part */
+
+    for (int st = 0; st < nst; st++) {
+        pa_cp_async_wait<PA_STAGES - 2>();
+        __syncthreads(); /* stage st landed; buffer (st - 1) % STAGES and ring entry (st + STAGES) & 1 are free */
+        if (st + PA_STAGES - 1 < nst) issue(st + PA_STAGES - 1);
+        pa_cp_async_commit();
+        if (st + PA_STAGES < nst) row_offsets(st + PA_STAGES);
+
+        const u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE + warp * 8 * RSTRIDE;
+        const u8 *sv = sk + T * RSTRIDE;
+        /* S = Q K^T for this warp's 8 keys */
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int kk = 0; kk < D / 32; kk++) {
+            u32 b[4];
+            ldmatrix_x4(b, sk + (lane & 7) * RSTRIDE + (kk * 32 + 8 * (lane >> 3)) * 2);
+            mma16816(s, qa[2 * kk], b[0], b[1]);
+            mma16816(s, qa[2 * kk + 1], b[2], b[3]);
+        }
+        /* scale, softcap, ALiBi, masks (base 2); s[0..1] row g, s[2..3] row g + 8 */
+        const int kb = w.k0 + st * T + warp * 8;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int tok = kb + 2 * t4 + (j & 1);
+            const bool upper = j >= 2;
+            float x = s[j] * qk_scale;
+            if (natural) {
+                if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                x *= PA_LOG2E;
+                if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
+            }
+            const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
+            x = ok ? x : -PA_INF;
+            s[j] = x;
+            if (upper) mx1 = fmaxf(mx1, x);
+            else mx0 = fmaxf(mx0, x);
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* new maxima: rescale what is accumulated (rarely, once the max settles) */
+        const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
+        const float alpha1 = mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+            l0 *= alpha0;
+            l1 *= alpha1;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][0] *= alpha0;
+                o[n][1] *= alpha0;
+                o[n][2] *= alpha1;
+                o[n][3] *= alpha1;
+            }
+        }
+        /* P (input type) as the A operand of the P V product */
+        const float p0 = mx0 == -PA_INF ? 0.f : pa_exp2(s[0] - mx0);
+        const float p1 = mx0 == -PA_INF ? 0.f : pa_exp2(s[1] - mx0);
+        const float p2 = mx1 == -PA_INF ? 0.f : pa_exp2(s[2] - mx1);
+        const float p3 = mx1 == -PA_INF ? 0.f : pa_exp2(s[3] - mx1);
+        l0 += p0 + p1;
+        l1 += p2 + p3;
+        const u32 pa[2] = {pack2(p0, p1), pack2(p2, p3)};
+        /* O += P V: four 8-dim tiles per ldmatrix.trans */
+#pragma unroll
+        for (int dq = 0; dq < D / 32; dq++) {
+            u32 b[4];
+            ldmatrix_x4_trans(b, sv + (lane & 7) * RSTRIDE + (dq * 32 + 8 * (lane >> 3)) * 2);
+#pragma unroll
+            for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], pa, b[i]);
+        }
+    }
+    pa_cp_async_wait<0>();
+    __syncthreads(); /* the stage buffers become the merge area */
+
+    /* 4. merge the warps: o[warp][16][D], (m, l)[warp][16] */
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float *sm_o = (float *)s_kv;
+    float *sm_ml = sm_o + NWARPS * 16 * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        const int col = n * 8 + 2 * t4;
+        *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
+        *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+    }
+    if (t4 == 0) {
+        sm_ml[(g * NWARPS + warp) * 2] = m0;
+        sm_ml[(g * NWARPS + warp) * 2 + 1] = l0;
+        sm_ml[((g + 8) * NWARPS + warp) * 2] = m1;
+        sm_ml[((g + 8) * NWARPS + warp) * 2 + 1] = l1;
+    }
+    __syncthreads();
+    auto lse2_of = [&](int r) {
+        float mx = -PA_INF;
+        for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
+        if (mx == -PA_INF) return -PA_INF;
+        float l = 0.f;
+        for (int y = 0; y < NWARPS; y++)
+            l += sm_ml[(r * NWARPS + y) * 2 + 1] * pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
+        return mx + pa_log2(l);
+    };
+    auto o_of = [&](int r, int d) {
+        float mx = -PA_INF;
+        for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
+        if (mx == -PA_INF) return 0.f;
+        float l = 0.f, acc = 0.f;
+        for (int y = 0; y < NWARPS; y++) {
+            const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
+            l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
+            acc += sm_o[(y * 16 + r) * D + d] * wt;
+        }
+        return acc / l;
+    };
+    pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
+}
+
+#endif /* PA_EMBED_ONLY */

@@ -1,0 +1,91 @@
+/*
+ * params.h -- the structs that the host code (src/cuda) hands to the kernels,
+ * by value as a kernel parameter or through device memory.
+ *
+ * Both sides compile this file: the host as C11, the kernels as CUDA C++
+ * through NVRTC. It uses only 32- and 64-bit scalars in naturally aligned
+ * order, so that both compilers lay the structs out alike (the host checks the
+ * sizes with static asserts). Device addresses travel as pa_u64.
+ *
+ * (The PA_EMBED_ONLY guard lets src/cuda/kernel_sources.c include this file
+ * only to record the build dependency; see there.)
+ */
+#ifndef PA_KERNEL_PARAMS_H
+#define PA_KERNEL_PARAMS_H
+#ifndef PA_EMBED_ONLY
+
+typedef long long pa_i64;
+typedef unsigned long long pa_u64;
+typedef int pa_i32;
+
+/* Per-sequence facts that the append kernel needs, uploaded with every call
+ * (from the core's h_... arrays). */
+typedef struct pa_seq_meta {
+    pa_i64 q_start;    /* first row of q / out (rows are [H, D] each) */
+    pa_i64 new_row;    /* first row of k_new / v_new (rows are [Hk, D]) */
+    pa_i64 new_prefix; /* index of its first new token among all new tokens */
+    pa_i32 append_pos; /* key position of its first new token */
+    pa_i32 cache_row;  /* contiguous caches: the cache's batch row */
+} pa_seq_meta;
+
+/* One thread block's work (times the head tiles, which blockIdx also picks):
+ * queries [i0, i0 + q_tile) of sequence b against keys [k0, k1). It carries
+ * the sequence's facts too, so that a block starts with one load. */
+typedef struct pa_work {
+    pa_i64 q_start;   /* sequence b's first row of q / out */
+    pa_i64 lse_start; /* its lse offset of query 0, head 0 */
+    pa_i64 part_row;  /* its first partial row: split-major rows
+                         part_row + split * seqlen_q + i, each [H, D] */
+    pa_i32 b, i0, k0, k1;
+    pa_i32 split;   /* which of the nsplit key ranges of this query tile */
+    pa_i32 nsplit;  /* 1: write out/lse directly; else partials + combine */
+    pa_i32 counter; /* arrival counters of this split group: counter + head tile */
+    pa_i32 seqlen_q, seqlen_k, cache_row;
+} pa_work;
+
+/* The attention kernels' parameters (decode and fallback). Element offsets:
+ *   q, out: (row * heads + h) * head_dim + d
+ *   caches: page * page_stride + slot * row_stride + hk * head_dim + d
+ *           (contiguous caches: page = cache_row, slot = key position)
+ *   lse:    lse_start + h * lse_head_stride + i                          */
+typedef struct pa_attn_params {
+    pa_u64 q;           /* dtype, or f32 when q_f32 (rotated q) */
+    pa_u64 out;
+    pa_u64 lse;         /* maybe 0 */
+    pa_u64 k_cache, v_cache;
+    pa_u64 block_table; /* i32 [batch, bt_stride]; 0 for contiguous caches */
+    pa_u64 alibi;       /* maybe: f32 slopes */
+    pa_u64 work;        /* pa_work[num_work] */
+    pa_u64 part_o;      /* f32 [partial rows, heads, head_dim] */
+    pa_u64 part_lse;    /* f32 [partial rows, heads], log2 units */
+    pa_u64 counters;    /* u32, zero between calls (the last block resets) */
+    pa_i64 bt_stride, lse_head_stride, alibi_batch_stride;
+    pa_i64 page_stride, row_stride;
+    pa_i32 batch, heads, kv_heads, group, head_dim, page_size;
+    pa_i32 head_tiles;     /* blocks per work item: kv_heads * tiles per group */
+    pa_i32 heads_per_tile; /* query heads of one GQA group per block */
+    pa_i32 q_tile;         /* queries per block */
+    pa_i32 num_work;
+    pa_i32 q_f32;
+    pa_i32 window_left, window_right; /* -1: unbounded */
+    float scale, softcap;
+    pa_i32 pad;
+} pa_attn_params;
+
+/* Rotary append: new k (rotated) and v into their cache slots; q rotated
+ * into an f32 copy. Rows: total_new * kv_heads of k/v, then q_rows * heads. */
+typedef struct pa_append_params {
+    pa_u64 k_new, v_new, k_cache, v_cache;
+    pa_u64 block_table; /* 0: contiguous caches */
+    pa_u64 meta;
+    pa_u64 rot_cos, rot_sin; /* maybe 0: no rotary */
+    pa_u64 q, q_rot;         /* q_rot: f32 copy of q, rotated (maybe 0) */
+    pa_i64 bt_stride, page_stride, row_stride;
+    pa_i64 total_new, q_rows;
+    pa_i32 batch, heads, kv_heads, head_dim, page_size;
+    pa_i32 rotary_dim, rot_dtype, interleaved, rope_q_step;
+    pa_i32 pad;
+} pa_append_params;
+
+#endif /* PA_EMBED_ONLY */
+#endif /* PA_KERNEL_PARAMS_H */

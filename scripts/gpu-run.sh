@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# scripts/gpu-run.sh [STEP...] -- one visit to a GPU machine: the GPU specs,
+# the compute-sanitizer run and the benchmark, logs under $OUT, a short
+# summary last. STEP: specs, memcheck, bench (default: all three).
+# Expects LuaJIT and busted on the PATH (on the lent GPU machines:
+# `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
+#   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
+#   travel with build/), GPU_RUN_TIMEOUT_SPECS/MEMCHECK/BENCH (seconds).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+export PATH="$PATH:/usr/local/cuda/bin"
+. scripts/env.sh
+out=${OUT:-/tmp/pagedattn-gpu}
+mkdir -p "$out"
+export PAGEDATTN_KERNEL_CACHE=${PAGEDATTN_KERNEL_CACHE:-$root/build/kcache}
+steps=${*:-specs memcheck bench}
+# busted's launcher may be a shell function (gpu-deps); compute-sanitizer needs a program
+busted_bin=${LJ:-/opt/lj}/usr/bin/busted
+[ -e "$busted_bin" ] || busted_bin=$(command -v busted)
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu \
+  --format=csv >"$out/gpu.txt" 2>&1
+summary=()
+for step in $steps; do
+  case $step in
+  specs)
+    # NVRTC (untagged), then every spec's #gpu part (ours and the pool/batch ones)
+    timeout 60 luajit "$busted_bin" --lua=luajit -o plainTerminal spec/nvrtc_spec.lua >"$out/specs.log" 2>&1
+    summary+=("nvrtc spec (rc $?): $(grep -E '^[0-9]+ success' "$out/specs.log" | tail -1)")
+    # TAP: each result (and its message) as it happens, even if a later test hangs
+    timeout "${GPU_RUN_TIMEOUT_SPECS:-200}" luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu \
+      spec/gpu_backend_spec.lua spec/gpu_difftest_spec.lua spec/gpu_large_spec.lua \
+      spec/gpu_memcheck_spec.lua spec/batch_spec.lua spec/pool_spec.lua >>"$out/specs.log" 2>&1
+    summary+=("gpu specs (rc $?): $(grep -c '^ok ' "$out/specs.log") ok, $(grep -c '^not ok ' "$out/specs.log") not ok")
+    ;;
+  memcheck)
+    timeout "${GPU_RUN_TIMEOUT_MEMCHECK:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+      --print-limit 30 luajit "$busted_bin" --lua=luajit -o plainTerminal \
+      spec/gpu_memcheck_spec.lua >"$out/memcheck.log" 2>&1
+    summary+=("memcheck (rc $?): $(grep -E '^[0-9]+ success' "$out/memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)")
+    ;;
+  bench)
+    timeout "${GPU_RUN_TIMEOUT_BENCH:-120}" luajit scripts/bench.lua >"$out/bench.log" 2>&1
+    summary+=("bench (rc $?): see below")
+    ;;
+  *) echo "gpu-run: unknown step $step" >&2 ;;
+  esac
+done
+echo "==== $(head -2 "$out/gpu.txt" | tail -1)"
+for f in specs memcheck; do
+  [ -f "$out/$f.log" ] || continue
+  echo "---- $f: failures and errors"
+  grep -E -A12 '^(Failure|Error) ->|^not ok ' "$out/$f.log" | head -80
+  grep -E '^\s+[a-z].*max \|cuda - cpu\|' "$out/$f.log" | head -20
+done
+[ -f "$out/bench.log" ] && { echo "---- bench"; sed -n '/^summary/,$p' "$out/bench.log"; tail -3 "$out/bench.log"; }
+echo "---- summary"
+printf '%s\n' "${summary[@]}"

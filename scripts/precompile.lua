@@ -1,0 +1,53 @@
+-- scripts/precompile.lua [--arch ARCH] [--list FILE] [VARIANT...] -- compiles
+-- kernel variants through NVRTC into the disk cache ($PAGEDATTN_KERNEL_CACHE,
+-- else $XDG_CACHE_HOME/pagedattn or ~/.cache/pagedattn), so that first calls
+-- need not compile. With no variants named: the catalog (every kernel and
+-- code path) and the benchmark's variants. ARCH: "sm_90a", "sm_80", ...;
+-- default: that of CUDA device 0 (needs the driver).
+--   scripts/run scripts/precompile.lua --arch sm_90a
+local ffi = require "ffi"
+local core = require "pagedattn.core"
+local C = core.C
+
+local arch, list, variants = nil, nil, {}
+local i = 1
+while i <= #arg do
+  if arg[i] == "--arch" then arch = arg[i + 1]; i = i + 2
+  elseif arg[i] == "--list" then list = arg[i + 1]; i = i + 2
+  else variants[#variants + 1] = arg[i]; i = i + 1 end
+end
+if list then
+  for line in io.lines(list) do
+    line = line:gsub("#.*", ""):match("^%s*(.-)%s*$")
+    if line ~= "" then variants[#variants + 1] = line end
+  end
+end
+if #variants == 0 then
+  for j = 0, C.pa_kernel_catalog_size() - 1 do variants[#variants + 1] = ffi.string(C.pa_kernel_catalog_name(j)) end
+  -- scripts/bench.lua: page 16, 256 and contiguous bf16 decode (D 128, 4 heads per kv head)
+  for _, kind in ipairs({ "decode_mma", "decode" }) do
+    for _, page in ipairs({ "16", "256", "contig" }) do
+      for _, stages in ipairs({ 2, 3, 4 }) do
+        variants[#variants + 1] = string.format("%s dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024",
+          kind, page, stages)
+      end
+    end
+  end
+end
+
+local cached = ffi.new("int[1]")
+local failed, seen = 0, {}
+for _, v in ipairs(variants) do
+  if not seen[v] then
+    seen[v] = true
+    local t0 = os.clock()
+    local st = C.pa_kernel_compile(core.ctx, v, arch, 1, cached)
+    if st ~= 0 then
+      failed = failed + 1
+      print(string.format("FAIL %s: %s", v, core.last_error()))
+    else
+      print(string.format("%-7s %-72s %.2fs", cached[0] == 1 and "cached" or "built", v, os.clock() - t0))
+    end
+  end
+end
+os.exit(failed == 0 and 0 or 1)

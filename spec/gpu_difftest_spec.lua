@@ -1,0 +1,83 @@
+-- The CPU's differential suite on the CUDA device: random problems (shapes,
+-- page sizes 1 to 256 and contiguous caches, block tables with duplicates,
+-- every option) against the pure-Lua float64 reference, with the tolerance
+-- rule of DESIGN.md. Tagged #gpu; pending where there is no CUDA device.
+--   PAGEDATTN_SPEC_SCALE=x scales the number of cases; a failure prints its seed.
+local ffi = require "ffi"
+local check = require "pagedattn.check"
+local ref = require "pagedattn.reference"
+local G = require "gpu_helpers"
+local H = require "helpers"
+
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+
+local SPEC = "spec/gpu_difftest_spec.lua"
+local dev, why = G.device()
+
+local function run_cases(name, n, want_fn)
+  for i = 1, n do
+    local seed = H.seed(name, i)
+    local rng = ref.rng(seed)
+    local case = check.random_case(rng, want_fn and want_fn(rng, i) or nil)
+    local ok, r = pcall(check.run, case, dev, rng)
+    if not ok then
+      error(string.format("%s\n  case: %s\n  seed: %d\n  %s", tostring(r), check.describe(case), seed,
+        H.rerun(SPEC)), 0)
+    end
+    H.assert_check(r, seed, SPEC)
+  end
+end
+
+describe("#gpu CUDA against the float64 reference", function()
+  if not dev then
+    pending("no CUDA device: " .. tostring(why))
+    return
+  end
+
+  for _, dt in ipairs({ "f32", "f16", "bf16" }) do
+    for _, ps in ipairs({ 0, 1, 3, 5, 8, 16, 256 }) do
+      local label = ps == 0 and "contiguous caches" or ("page size " .. ps)
+      it(string.format("#gpu random problems, %s, %s", dt, label), function()
+        run_cases(string.format("gpu difftest %s %d", dt, ps), H.scale(18),
+          function() return { dtype = dt, page_size = ps } end)
+      end)
+    end
+  end
+
+  it("#gpu decode: 1 to 8 queries, GQA groups 1/4/8, forced and automatic splits", function()
+    run_cases("gpu decode", H.scale(60), function(rng)
+      return { mode = "decode", group = ({ 1, 4, 8 })[rng:int(1, 3)], D = ({ 64, 128, 256, 96, 40 })[rng:int(1, 5)],
+        B = rng:int(1, 6), max_keys = rng:int(2, 4) * 200 }
+    end)
+  end)
+
+  it("#gpu reading only (no append), with duplicate pages, many queries", function()
+    run_cases("gpu read", H.scale(30), function(rng)
+      return { mode = "read", page_size = ({ 1, 3, 16, 256 })[rng:int(1, 4)], duplicates = true }
+    end)
+  end)
+
+  it("#gpu prefill and chunked prefill", function()
+    run_cases("gpu prefill", H.scale(30), function(rng)
+      return { mode = rng:int(1, 2) == 1 and "prefill" or "chunked", B = rng:int(1, 3) }
+    end)
+  end)
+
+  it("#gpu the CUDA-core decode kernel on f16/bf16 problems (PAGEDATTN_DECODE_KERNEL=simt)", function()
+    ffi.C.setenv("PAGEDATTN_DECODE_KERNEL", "simt", 1)
+    local ok, err = pcall(run_cases, "gpu simt", H.scale(30), function(rng)
+      return { mode = rng:int(1, 2) == 1 and "decode" or "read", dtype = rng:int(1, 2) == 1 and "f16" or "bf16" }
+    end)
+    ffi.C.unsetenv("PAGEDATTN_DECODE_KERNEL")
+    if not ok then error(err, 0) end
+  end)
+
+  it("#gpu the fallback kernel on decode problems (PAGEDATTN_CUDA_FALLBACK=1)", function()
+    ffi.C.setenv("PAGEDATTN_CUDA_FALLBACK", "1", 1)
+    local ok, err = pcall(run_cases, "gpu fallback", H.scale(25), function(rng)
+      return { mode = rng:int(1, 2) == 1 and "decode" or "read" }
+    end)
+    ffi.C.unsetenv("PAGEDATTN_CUDA_FALLBACK")
+    if not ok then error(err, 0) end
+  end)
+end)

@@ -1,0 +1,83 @@
+-- spec/gpu_helpers.lua -- what the #gpu specs share: the CUDA device (or the
+-- reason there is none, for a visible pending), same inputs on two devices,
+-- random block tables, reading single pages, the tolerance rule at sizes the
+-- float64 reference cannot do whole.
+--   PAGEDATTN_GPU_SPEC_DEVICE=cpu  runs the GPU specs' own logic on the CPU
+--                                  (a dry run of the specs; default "cuda")
+local ffi = require "ffi"
+local pa = require "pagedattn"
+local ref = require "pagedattn.reference"
+local core = require "pagedattn.core"
+
+local G = {}
+
+G.device_name = os.getenv("PAGEDATTN_GPU_SPEC_DEVICE") or "cuda"
+
+-- The device under test, or nil and why not.
+function G.device()
+  return pa.device(G.device_name)
+end
+
+-- The same standard normal tensor on two devices (randn is one stream everywhere).
+function G.randn2(shape, dtype, dev_a, dev_b, seed)
+  return assert(pa.randn(shape, dtype, dev_a, seed)), assert(pa.randn(shape, dtype, dev_b, seed))
+end
+
+-- A flat 1-based table of a random block table [B, width] over num_pages:
+-- distinct pages, or any pages (duplicates) when dup is true; entries past a
+-- sequence's used pages are garbage that must never be read.
+function G.block_table(rng, B, used, width, num_pages, dup)
+  local pool = {}
+  for i = 1, num_pages do pool[i] = i - 1 end
+  rng:shuffle(pool)
+  local bt, next_free = {}, 1
+  for b = 1, B do
+    for j = 1, width do
+      local v
+      if j <= used[b] then
+        if dup then v = rng:int(0, num_pages - 1)
+        else v = pool[next_free]; next_free = next_free + 1 end
+      else
+        v = (j % 2 == 0) and -7 or 2000000000
+      end
+      bt[(b - 1) * width + j] = v
+    end
+  end
+  return bt
+end
+
+-- Elements [offset, offset + count) of a tensor as a 1-based Lua table.
+function G.read(t, offset, count)
+  local buf = ffi.new("double[?]", count)
+  assert(core.C.pa_tensor_read_f64(core.ctx, t.handle, offset, buf, count) == 0, core.last_error())
+  local out = {}
+  for i = 1, count do out[i] = buf[i - 1] end
+  return out
+end
+
+-- Writes a 1-based Lua table at element offset.
+function G.write(t, offset, values)
+  assert(t:write(values, offset, #values))
+end
+
+-- max |a - b| over two flat tables (NaN: infinite).
+G.max_diff = ref.max_abs_diff
+
+-- The rule of DESIGN.md at sizes where the float64 reference cannot run
+-- whole: the naive-precision error is measured on one slice of the problem
+-- (one sequence, one kv head's query heads, from a paged cache) and the
+-- tolerance is 3x that + 1e-5.
+--   q: [1, Sq, G, D] table, k/v: [1, S, 1, D] tables (reference tensors)
+function G.naive_tolerance(dtype, q, k, v, opts)
+  local o = {}
+  for key, val in pairs(opts or {}) do o[key] = val end
+  o.cache_seqlens = ref.tensor({ 1 }, { k.shape[2] })
+  local exact = ref.attention_with_kvcache(q, ref.copy(k), ref.copy(v), o)
+  o.precision = dtype
+  o.cache_dtype = dtype
+  local naive = ref.attention_with_kvcache(q, ref.copy(k), ref.copy(v), o)
+  local err = ref.max_abs_diff(naive.data, exact.data)
+  return ref.tolerance(dtype, err), err
+end
+
+return G

@@ -1,0 +1,259 @@
+-- CUDA against the CPU backend at serving sizes, where the float64 reference
+-- cannot run whole: the same inputs on both devices (randn is one stream
+-- everywhere), the CPU as the reference, and the tolerance of DESIGN.md with
+-- the naive-precision error measured by the Lua reference on one slice of the
+-- problem (one sequence, one kv head's query heads). Tagged #gpu.
+--   PAGEDATTN_GPU_SPEC_SMALL=1 shrinks the sizes (dry runs on the CPU).
+local pa = require "pagedattn"
+local ref = require "pagedattn.reference"
+local G = require "gpu_helpers"
+local H = require "helpers"
+
+local dev, why = G.device()
+local small = os.getenv("PAGEDATTN_GPU_SPEC_SMALL") == "1"
+
+-- A problem on a device: the tensors made from seeds, the options.
+--   spec: B, H, Hk, D, dtype, page (0: contiguous), keys {per sequence},
+--   queries {per sequence} (varlen) or Sq, new (tokens appended), num_pages,
+--   bt (flat block table, width), causal, alibi, rotary...
+local function build(spec, device)
+  local s = spec
+  local t = { opts = {} }
+  local o = t.opts
+  if s.varlen then
+    t.q = assert(pa.randn({ s.total_q, s.H, s.D }, s.dtype, device, s.seed + 1))
+    o.cu_seqlens_q = assert(pa.from_table(s.cu, { s.B + 1 }, "i32", device))
+    o.seqused_k = assert(pa.from_table(s.keys, { s.B }, "i32", device))
+  else
+    t.q = assert(pa.randn({ s.B, s.Sq, s.H, s.D }, s.dtype, device, s.seed + 1))
+    o.cache_seqlens = assert(pa.from_table(s.cached, { s.B }, "i32", device))
+  end
+  if s.new then
+    local shape = s.varlen and { s.total_q, s.Hk, s.D } or { s.B, s.new, s.Hk, s.D }
+    o.k = assert(pa.randn(shape, s.dtype, device, s.seed + 2))
+    o.v = assert(pa.randn(shape, s.dtype, device, s.seed + 3))
+  end
+  local cache_shape = s.page > 0 and { s.num_pages, s.page, s.Hk, s.D } or { s.B_cache, s.S_cache, s.Hk, s.D }
+  t.k_cache = assert(pa.randn(cache_shape, s.dtype, device, s.seed + 4))
+  t.v_cache = assert(pa.randn(cache_shape, s.dtype, device, s.seed + 5))
+  if s.page > 0 then o.block_table = assert(pa.from_table(s.bt, { s.B, s.width }, "i32", device)) end
+  if s.cache_batch_idx then o.cache_batch_idx = assert(pa.from_table(s.cache_batch_idx, { s.B }, "i32", device)) end
+  if s.rotary then
+    o.rotary_cos = assert(pa.from_table(s.rotary.cos.data, s.rotary.cos.shape, s.dtype, device))
+    o.rotary_sin = assert(pa.from_table(s.rotary.sin.data, s.rotary.sin.shape, s.dtype, device))
+    o.rotary_interleaved = s.rotary.interleaved
+  end
+  if s.alibi then o.alibi_slopes = assert(pa.from_table(s.alibi, { s.H }, "f32", device)) end
+  o.causal = s.causal
+  o.softcap = s.softcap
+  o.window_size = s.window
+  o.return_softmax_lse = true
+  o.num_splits = s.num_splits
+  return t
+end
+
+local function run(spec, device)
+  local t = build(spec, device)
+  local fn = spec.varlen and pa.attention_varlen or pa.attention_with_kvcache
+  local out, lse = fn(t.q, t.k_cache, t.v_cache, t.opts)
+  assert(out, lse)
+  return t, out, lse
+end
+
+-- The slice (sequence b, kv head 0, queries [0, nq), keys [0, nk)) of the CPU
+-- problem as reference tensors, from the caches after the call.
+local function slice(spec, t, b, nq, nk)
+  local s = spec
+  local D, Hk, Gq = s.D, s.Hk, s.H / s.Hk
+  local q0 = s.varlen and s.cu[b + 1] or b * s.Sq
+  local qd = {}
+  for i = 0, nq - 1 do
+    local row = G.read(t.q, ((q0 + i) * s.H) * D, Gq * D) -- heads 0..G-1 (kv head 0)
+    for j = 1, #row do qd[#qd + 1] = row[j] end
+  end
+  local kd, vd = {}, {}
+  for tok = 0, nk - 1 do
+    local off
+    if s.page > 0 then
+      local page = s.bt[b * s.width + math.floor(tok / s.page) + 1]
+      off = ((page * s.page + tok % s.page) * Hk) * D
+    else
+      local row = s.cache_batch_idx and s.cache_batch_idx[b + 1] or b
+      off = ((row * s.S_cache + tok) * Hk) * D
+    end
+    local kr, vr = G.read(t.k_cache, off, D), G.read(t.v_cache, off, D)
+    for j = 1, D do kd[#kd + 1] = kr[j]; vd[#vd + 1] = vr[j] end
+  end
+  local opts = { causal = s.causal, softcap = s.softcap, window_size = s.window }
+  if s.alibi then
+    local a = {}
+    for g = 1, Gq do a[g] = s.alibi[g] end
+    opts.alibi_slopes = ref.tensor({ Gq }, a)
+  end
+  local q = ref.tensor({ 1, nq, Gq, D }, qd)
+  -- rotary: the slice's q is the raw q; rotate it as the kernels do
+  if s.rotary then
+    opts.rotary_cos, opts.rotary_sin = s.rotary.cos, s.rotary.sin
+    opts.rotary_interleaved = s.rotary.interleaved
+  end
+  return q, ref.tensor({ 1, nk, 1, D }, kd), ref.tensor({ 1, nk, 1, D }, vd), opts
+end
+
+local function compare(name, spec, slice_args)
+  local cpu = assert(pa.device("cpu"))
+  local tg, og, lg = run(spec, dev)
+  local tc, oc, lc = run(spec, cpu)
+  local q, k, v, opts = slice(spec, tc, slice_args.b, slice_args.nq, slice_args.nk)
+  if spec.rotary then
+    -- the slice's keys were rotated when appended; rotate q (query i at
+    -- position q_pos + i) as the call does
+    local D, Gq = spec.D, spec.H / spec.Hk
+    for i = 0, slice_args.nq - 1 do
+      for g = 0, Gq - 1 do
+        local base = (i * Gq + g) * D
+        local x = {}
+        for d = 1, D do x[d] = q.data[base + d] end
+        local y = ref.apply_rotary(x, slice_args.q_pos + i, spec.rotary.cos, spec.rotary.sin, spec.rotary.interleaved)
+        for d = 1, D do q.data[base + d] = y[d] end
+      end
+    end
+    opts.rotary_cos, opts.rotary_sin, opts.rotary_interleaved = nil, nil, nil
+  end
+  local tol, naive = G.naive_tolerance(spec.dtype, q, k, v, opts)
+  -- the CPU's output is itself rounded to the dtype: allow that one step more
+  local out_c = oc:to_table()
+  local biggest = 0
+  for i = 1, #out_c do biggest = math.max(biggest, math.abs(out_c[i])) end
+  tol = tol + biggest * ({ f32 = 2 ^ -23, f16 = 2 ^ -10, bf16 = 2 ^ -7 })[spec.dtype]
+  local err = G.max_diff(og:to_table(), out_c)
+  local lse_err = G.max_diff(lg:to_table(), lc:to_table())
+  io.stderr:write(string.format("  %s: max |cuda - cpu| out %.3g, lse %.3g; tolerance %.3g (naive %s error %.3g)\n",
+    name, err, lse_err, tol, spec.dtype, naive))
+  assert(err <= tol, string.format("%s: out differs from the CPU by %.4g > tolerance %.4g (seed %d)", name, err, tol, spec.seed))
+  assert(lse_err <= tol, string.format("%s: lse differs from the CPU by %.4g > tolerance %.4g", name, lse_err, tol))
+  return tg, tc
+end
+
+local function paged_spec(rng, s)
+  local used, width = {}, 0
+  s.cached = s.cached or {}
+  for b = 1, s.B do
+    local keys = s.keys[b]
+    used[b] = math.ceil(keys / s.page)
+    if used[b] > width then width = used[b] end
+  end
+  s.width = width + 1
+  local need = 0
+  for b = 1, s.B do need = need + used[b] end
+  s.num_pages = s.num_pages or (need + 3)
+  s.bt = G.block_table(rng, s.B, used, s.width, s.num_pages, s.dup)
+  return s
+end
+
+describe("#gpu CUDA against the CPU backend at serving sizes", function()
+  if not dev then
+    pending("no CUDA device: " .. tostring(why))
+    return
+  end
+
+  it("#gpu decode, batch 64 x 4096 keys, bf16, page 16, random page order", function()
+    local seed = H.seed("gpu large decode")
+    local rng = ref.rng(seed)
+    local B, S = small and 8 or 64, small and 512 or 4096
+    local s = { seed = seed, B = B, Sq = 1, H = 32, Hk = 8, D = 128, dtype = "bf16", page = 16, keys = {}, cached = {} }
+    for b = 1, B do s.keys[b] = S; s.cached[b] = S end
+    paged_spec(rng, s)
+    compare("decode 64x4096 bf16 page 16", s, { b = 0, nq = 1, nk = S })
+  end)
+
+  it("#gpu decode, batch 8 x 32768 keys, f16, page 256 (many splits)", function()
+    local seed = H.seed("gpu large long")
+    local rng = ref.rng(seed)
+    local B, S = small and 2 or 8, small and 2048 or 32768
+    local s = { seed = seed, B = B, Sq = 1, H = 32, Hk = 8, D = 128, dtype = "f16", page = 256, keys = {}, cached = {} }
+    for b = 1, B do s.keys[b] = S; s.cached[b] = S end
+    paged_spec(rng, s)
+    compare("decode 8x32768 f16 page 256", s, { b = 0, nq = 1, nk = small and S or 4096 * 2 })
+  end)
+
+  it("#gpu varlen, batch 48 (> 32), 1 to 8 queries, page 16 with duplicates, causal + ALiBi, split-KV", function()
+    local seed = H.seed("gpu large varlen")
+    local rng = ref.rng(seed)
+    local B = 48
+    local s = { seed = seed, varlen = true, B = B, H = 16, Hk = 2, D = 128, dtype = "bf16", page = 16,
+      keys = {}, cu = { 0 }, causal = true, dup = true, alibi = {} }
+    for b = 1, B do
+      local nq = rng:int(1, 8)
+      s.keys[b] = math.max(nq, rng:int(1, small and 300 or 3000))
+      s.cu[b + 1] = s.cu[b] + nq
+    end
+    s.keys[1] = small and 300 or 3000
+    s.total_q = s.cu[B + 1]
+    for h = 1, s.H do s.alibi[h] = ref.round(rng:uniform() * 0.05, "f32") end
+    paged_spec(rng, s)
+    s.num_pages = math.floor(s.num_pages / 2) -- duplicates over a smaller pool
+    s.bt = G.block_table(rng, s.B, (function()
+      local u = {}
+      for b = 1, B do u[b] = math.ceil(s.keys[b] / s.page) end
+      return u
+    end)(), s.width, s.num_pages, true)
+    compare("varlen batch 48 causal alibi", s, { b = 0, nq = s.cu[2], nk = s.keys[1] })
+    s.num_splits = 7
+    compare("varlen batch 48, 7 splits", s, { b = 0, nq = s.cu[2], nk = s.keys[1] })
+  end)
+
+  it("#gpu prefill 2 x 1024 causal from empty caches, rotary append (GPT-NeoX, partial), bf16, page 16", function()
+    local seed = H.seed("gpu large prefill")
+    local rng = ref.rng(seed)
+    local B, S = 2, small and 256 or 1024
+    local s = { seed = seed, B = B, Sq = S, new = S, H = 8, Hk = 2, D = 128, dtype = "bf16", page = 16,
+      keys = {}, cached = {}, causal = true }
+    for b = 1, B do s.keys[b] = S; s.cached[b] = 0 end
+    paged_spec(rng, s)
+    local half, n = 32, S + 8 -- rotary_dim 64 of 128
+    local cs, sn = {}, {}
+    for pos = 0, n - 1 do
+      for j = 0, half - 1 do
+        local theta = pos * 10000 ^ (-2 * j / (2 * half))
+        cs[pos * half + j + 1] = ref.round(math.cos(theta), "bf16")
+        sn[pos * half + j + 1] = ref.round(math.sin(theta), "bf16")
+      end
+    end
+    s.rotary = { cos = ref.tensor({ n, half }, cs), sin = ref.tensor({ n, half }, sn), interleaved = false }
+    local nq = 128
+    local tg, tc = compare("prefill 2x1024 causal rotary", s, { b = 0, nq = nq, nk = nq, q_pos = 0 })
+    -- the appended (rotated) keys and values: the same bytes on both devices
+    for b = 0, B - 1 do
+      for j = 0, S / s.page - 1 do
+        local page = s.bt[b * s.width + j + 1]
+        local off, count = page * s.page * s.Hk * s.D, s.page * s.Hk * s.D
+        for _, name in ipairs({ "k_cache", "v_cache" }) do
+          local a, c = G.read(tg[name], off, count), G.read(tc[name], off, count)
+          for i = 1, count do
+            if a[i] ~= c[i] then
+              error(string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, page, i - 1,
+                a[i], dev.name, c[i]))
+            end
+          end
+        end
+      end
+    end
+  end)
+
+  it("#gpu contiguous caches with cache_batch_idx, batch 40, f32, one token appended", function()
+    local seed = H.seed("gpu large contiguous")
+    local rng = ref.rng(seed)
+    local B, S = 40, small and 256 or 2048
+    local s = { seed = seed, B = B, Sq = 1, new = 1, H = 8, Hk = 8, D = 64, dtype = "f32", page = 0,
+      B_cache = B + 3, S_cache = S, keys = {}, cached = {}, cache_batch_idx = {}, softcap = 20 }
+    local rows = {}
+    for i = 1, B + 3 do rows[i] = i - 1 end
+    rng:shuffle(rows)
+    for b = 1, B do
+      s.cached[b] = rng:int(0, S - 1)
+      s.keys[b] = s.cached[b] + 1
+      s.cache_batch_idx[b] = rows[b]
+    end
+    compare("contiguous batch 40 f32 softcap", s, { b = 0, nq = 1, nk = s.keys[1] })
+  end)
+end)

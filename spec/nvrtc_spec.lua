@@ -1,0 +1,161 @@
+-- NVRTC compiles every kernel variant of the catalog for sm_80 and sm_90a, and
+-- the disk cache of compiled kernels survives corrupt files. Needs NVRTC only
+-- (no GPU, no driver): runs in CI; where NVRTC is missing it is reported
+-- as pending with the reason.
+local ffi = require "ffi"
+local core = require "pagedattn.core"
+local C = core.C
+
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+
+local PA_ERR_COMPILE, PA_ERR_UNSUPPORTED = 6, 4
+
+local function compile(variant, arch, use_cache)
+  local cached = ffi.new("int[1]")
+  local st = C.pa_kernel_compile(core.ctx, variant, arch, use_cache and 1 or 0, cached)
+  return st, core.last_error(), cached[0] == 1
+end
+
+-- Runs fn with environment variables set (nil: unset), restoring them after.
+local function with_env(vars, fn)
+  local saved = {}
+  for k, v in pairs(vars) do
+    saved[k] = os.getenv(k) or false
+    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
+  end
+  local ok, err = pcall(fn)
+  for k, v in pairs(saved) do
+    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
+  end
+  if not ok then error(err, 0) end
+end
+
+local function tmpdir()
+  local path = os.tmpname()
+  os.remove(path)
+  assert(os.execute("mkdir -p '" .. path .. "'") == 0 or true)
+  return path
+end
+
+local function ls(dir)
+  local files = {}
+  local p = io.popen("ls -1 '" .. dir .. "' 2>/dev/null")
+  for line in p:lines() do files[#files + 1] = line end
+  p:close()
+  return files
+end
+
+local function write_file(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+local function read_file(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+describe("NVRTC kernel compilation", function()
+  local st, err = compile("util", "sm_80", false)
+  if st == PA_ERR_UNSUPPORTED then
+    pending("NVRTC not found: " .. err)
+    return
+  end
+
+  local n = tonumber(C.pa_kernel_catalog_size())
+  for _, arch in ipairs({ "sm_80", "sm_90a" }) do
+    it("compiles every kernel variant of the catalog for " .. arch, function()
+      assert.is_true(n >= 10)
+      local failed = {}
+      for i = 0, n - 1 do
+        local name = ffi.string(C.pa_kernel_catalog_name(i))
+        local s, e = compile(name, arch, false)
+        if s ~= 0 then failed[#failed + 1] = name .. ": " .. e end
+      end
+      assert(#failed == 0, table.concat(failed, "\n\n"))
+    end)
+  end
+
+  it("rejects malformed variant names, saying what is wrong", function()
+    local cases = {
+      { "decode dtype=bf16", "D= missing" },
+      { "decode dtype=i8 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024", "dtype=i8" },
+      { "decode dtype=bf16 D=100 nq=1 gt=4 page=16 stages=3 maxp=1024", "D=100" },
+      { "decode dtype=bf16 D=128 nq=4 gt=4 page=16 stages=3 maxp=1024", "nq * gt" },
+      { "decode dtype=bf16 D=128 nq=1 gt=4 page=12 stages=3 maxp=1024", "page=12" },
+      { "util extra=1", "unexpected" },
+      { "matmul", "unknown kind" },
+    }
+    for _, c in ipairs(cases) do
+      local s, e = compile(c[1], "sm_90a", false)
+      assert.equal(1, s) -- PA_ERR_ARGUMENT
+      assert(e:find(c[2], 1, true), "'" .. c[1] .. "' gave: " .. e)
+    end
+    local s, e = compile("util", "gfx90a", false)
+    assert.equal(1, s)
+    assert.truthy(e:find("arch", 1, true), e)
+  end)
+
+  it("reports a compile error with the NVRTC log and the file", function()
+    local dir = tmpdir()
+    local src = core.root .. "/kernels"
+    for _, name in ipairs(ls(src)) do
+      if name:match("%.cuh?$") or name:match("%.h$") then
+        write_file(dir .. "/" .. name, read_file(src .. "/" .. name))
+      end
+    end
+    write_file(dir .. "/util.cu", read_file(src .. "/util.cu") .. "\nint broken(;\n")
+    with_env({ PAGEDATTN_KERNEL_DIR = dir }, function()
+      local s, e = compile("util", "sm_90a", false)
+      assert.equal(PA_ERR_COMPILE, s)
+      assert(e:find("util.cu", 1, true) and e:find("error", 1, true), e)
+    end)
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
+  it("caches compiled kernels on disk; corrupt, truncated or foreign files are ignored and replaced", function()
+    local dir = tmpdir()
+    with_env({ PAGEDATTN_KERNEL_CACHE = dir }, function()
+      local s, e, cached = compile("append dtype=f16", "sm_80", true)
+      assert.equal(0, s, e)
+      assert.is_false(cached)
+      local files = ls(dir)
+      assert.equal(1, #files)
+      assert.truthy(files[1]:match("^sm_80%-%x+%.bin$"), files[1])
+      local path = dir .. "/" .. files[1]
+      local good = read_file(path)
+      s, e, cached = compile("append dtype=f16", "sm_80", true)
+      assert.equal(0, s, e)
+      assert.is_true(cached)
+      -- another variant: another file
+      s, e, cached = compile("append dtype=bf16", "sm_80", true)
+      assert.is_false(cached)
+      assert.equal(2, #ls(dir))
+      local damaged = {
+        good:sub(1, 20),                                            -- truncated header
+        good:sub(1, #good - 100),                                   -- truncated payload
+        good:sub(1, 200) .. string.rep("\0", 64) .. good:sub(265),  -- corrupt payload
+        "not a kernel at all",                                      -- foreign
+        "",                                                          -- empty
+      }
+      for i, bad in ipairs(damaged) do
+        write_file(path, bad)
+        s, e, cached = compile("append dtype=f16", "sm_80", true)
+        assert.equal(0, s, e)
+        assert(not cached, "damaged cache file " .. i .. " was trusted")
+        assert.equal(good, read_file(path)) -- rewritten whole
+      end
+      -- no temporary files left behind
+      for _, f in ipairs(ls(dir)) do assert.falsy(f:find("tmp", 1, true), f) end
+    end)
+    with_env({ PAGEDATTN_KERNEL_CACHE = "off" }, function()
+      local s, e, cached = compile("append dtype=f16", "sm_80", true)
+      assert.equal(0, s, e)
+      assert.is_false(cached)
+    end)
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+end)

@@ -1,0 +1,404 @@
+/*
+ * cuda_attention.c -- attention on a CUDA device: plans the kernels for one
+ * normalised problem (pa_attn_problem) and queues them on the device stream:
+ *
+ *   1. one upload of the per-sequence facts and the work list (pinned staging);
+ *   2. rotary append (append.cu) when there are new k/v or q must be rotated;
+ *   3. attention, when every sequence has <= 8 queries: decode_mma.cu (tensor
+ *      cores; f16/bf16, head dim a multiple of 32 up to 128), else decode.cu
+ *      (CUDA cores; head dim a multiple of 8); otherwise fallback.cu. Each
+ *      splits the keys to fill the GPU and combines the splits in the same
+ *      launch.
+ *
+ * Work items are planned on the host from the core's host arrays; each item
+ * is a (sequence, query tile, key range), launched times the head tiles.
+ * Everything that may wait for the device (module loads and function
+ * look-ups, growing scratch) happens before the first operation of the call
+ * is queued.
+ */
+#define _GNU_SOURCE
+#include "cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+_Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
+_Static_assert(sizeof(pa_work) == 64, "pa_work layout");
+_Static_assert(sizeof(pa_attn_params) == 192, "pa_attn_params layout");
+_Static_assert(sizeof(pa_append_params) == 160, "pa_append_params layout");
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define MAX_SPLITS 1024
+
+static const char *dtype_str(pa_dtype d) { return d == PA_F32 ? "f32" : d == PA_F16 ? "f16" : "bf16"; }
+
+static int env_int(const char *name, int dflt, int lo, int hi) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    int x = atoi(v);
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* The attention kernel chosen for a problem, with its launch shape. */
+typedef struct kernel_plan {
+    CUfunction fn;
+    int threads, smem;
+    int tokens;      /* keys per pipeline step: split lengths are multiples */
+    int max_chunk;   /* keys one block may take (its page ids must fit); 0: any */
+    int gt, q_tile, head_tiles;
+    int capacity;    /* blocks resident at once on the whole GPU */
+} kernel_plan;
+
+static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
+                             kernel_plan *kp) {
+    const int D = p->head_dim, G = p->group;
+    char variant[192];
+    pa_kmodule *m;
+    pa_status st;
+    /* PAGEDATTN_DECODE_KERNEL=simt|mma forces a decode kernel (tests, benchmarks);
+     * PAGEDATTN_CUDA_FALLBACK=1 the fallback */
+    const char *force = getenv("PAGEDATTN_DECODE_KERNEL");
+    const bool decode = D % 8 == 0 && p->max_seqlen_q <= 8 && !pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
+    const bool mma = decode && p->dtype != PA_F32 && D % 32 == 0 && D <= 128 &&
+                     !(force && strcmp(force, "simt") == 0);
+    if (decode) {
+        int nq = 1;
+        while (nq < p->max_seqlen_q) nq *= 2;
+        const int max_rows = mma ? 16 : 8;
+        int gt = 1;
+        for (int d = 1; d <= G && d * nq <= max_rows; d++)
+            if (G % d == 0) gt = d;
+        char page[16];
+        if (!p->paged) snprintf(page, sizeof page, "contig");
+        else if ((p->page_size & (p->page_size - 1)) == 0 && p->page_size <= (1 << 20))
+            snprintf(page, sizeof page, "%d", p->page_size);
+        else snprintf(page, sizeof page, "any");
+        /* 4 stages: measured best on the H200 (kernels/NOTES.md) */
+        const int stages = env_int("PAGEDATTN_DECODE_STAGES", 4, 2, 8);
+        snprintf(variant, sizeof variant, "%s dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
+                 mma ? "decode_mma" : "decode", dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
+        st = pa_cuda_module(ctx, impl, variant, &m);
+        if (st) return st;
+        kp->threads = m->info[0];
+        kp->smem = m->info[1];
+        kp->tokens = m->info[2];
+        const int maxp = m->info[3];
+        kp->max_chunk = 0;
+        if (p->paged) {
+            /* a range of c keys spans at most (c - 1) / page + 2 pages */
+            int64_t c = (int64_t)(maxp - 1) * p->page_size;
+            if (c > INT32_MAX) c = INT32_MAX;
+            kp->max_chunk = (int)(c / kp->tokens * kp->tokens);
+        }
+        kp->gt = gt;
+        kp->q_tile = nq;
+        kp->head_tiles = p->kv_heads * (G / gt);
+        st = pa_cuda_function(ctx, impl, m, mma ? "pa_decode_mma" : "pa_decode", kp->smem, &kp->fn);
+    } else {
+        snprintf(variant, sizeof variant, "fallback dtype=%s", dtype_str(p->dtype));
+        st = pa_cuda_module(ctx, impl, variant, &m);
+        if (st) return st;
+        const int rows = m->info[1], kt = m->info[2];
+        kp->threads = m->info[0];
+        kp->tokens = kt;
+        kp->max_chunk = 0;
+        kp->smem = 4 * (rows * D + kt * (D + 1) + kt * D + rows * kt + rows * D);
+        kp->gt = G < rows ? G : rows;
+        kp->q_tile = rows / kp->gt;
+        kp->head_tiles = p->kv_heads * ((G + kp->gt - 1) / kp->gt);
+        st = pa_cuda_function(ctx, impl, m, "pa_attend", kp->smem, &kp->fn);
+    }
+    if (st) return st;
+    if (kp->smem > impl->smem_optin)
+        return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s needs %d bytes of shared memory, "
+                       "the device allows %d", variant, kp->smem, impl->smem_optin);
+    int per_sm = 0;
+    CU_TRY(ctx, pa_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kp->fn, kp->threads,
+                                                                 (size_t)kp->smem));
+    if (per_sm < 1)
+        return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s cannot run on this device "
+                       "(%d threads, %d bytes of shared memory)", variant, kp->threads, kp->smem);
+    kp->capacity = per_sm * impl->sm_count;
+    return PA_OK;
+}
+
+/* A query tile's keys: the union of its queries' ranges (ranges only move
+ * right as the query index grows). */
+typedef struct tile_range {
+    int32_t b, i0, lo, hi;
+} tile_range;
+
+/* The work list: every query tile's key range cut into splits. Returns the
+ * number of items (writes them when `items` is not NULL), and the partial rows
+ * and arrival counters the splits need. */
+static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles,
+                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters) {
+    /* Splits: only when the tiles alone give fewer blocks than the GPU holds
+     * at once; then into about one wave of equal blocks. Each block pays a
+     * start-up (its work item, page ids, Q, the first stages' latency) and a
+     * merge, which measurements put at several microseconds: fewer, longer
+     * blocks win whenever there are enough of them. */
+    int64_t total_len = 0, max_len = 0;
+    for (int64_t t = 0; t < ntiles; t++) {
+        const int64_t len = tiles[t].hi - tiles[t].lo;
+        total_len += len;
+        if (len > max_len) max_len = len;
+    }
+    const int forced_chunk = env_int("PAGEDATTN_SPLIT_CHUNK", 0, 0, INT32_MAX);
+    const double waves = env_int("PAGEDATTN_SPLIT_WAVES", 1, 1, 64);
+    int64_t auto_chunk = max_len > 0 ? max_len : 1;
+    if (p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
+        ntiles * kp->head_tiles < kp->capacity) {
+        /* the shortest chunk whose blocks still fit the wave(s) */
+        const double budget = waves * kp->capacity;
+        for (int k = 2; k <= MAX_SPLITS; k++) {
+            int64_t c = ALIGN_UP((max_len + k - 1) / k, kp->tokens);
+            int64_t blocks = 0;
+            for (int64_t t = 0; t < ntiles; t++) {
+                const int64_t len = tiles[t].hi - tiles[t].lo;
+                blocks += (len > 0 ? (len + c - 1) / c : 1) * kp->head_tiles;
+            }
+            if ((double)blocks > budget) break;
+            auto_chunk = c;
+            if (c <= kp->tokens) break;
+        }
+    }
+    int64_t n = 0, counters = 0, rows = 0, first_item = 0;
+    int32_t cur_b = -1, max_split_b = 1;
+    for (int64_t t = 0; t <= ntiles; t++) {
+        if (t == ntiles || tiles[t].b != cur_b) { /* close the previous sequence */
+            if (cur_b >= 0 && max_split_b > 1) {
+                if (items)
+                    for (int64_t i = first_item; i < n; i++) items[i].part_row = rows;
+                rows += (int64_t)max_split_b * p->h_seqlen_q[cur_b];
+            }
+            if (t == ntiles) break;
+            cur_b = tiles[t].b;
+            max_split_b = 1;
+            first_item = n;
+        }
+        const int64_t len = tiles[t].hi - tiles[t].lo;
+        int64_t chunk;
+        if (forced_chunk > 0) {
+            chunk = forced_chunk;
+        } else if (p->num_splits > 0) {
+            const int64_t want = p->num_splits < MAX_SPLITS ? p->num_splits : MAX_SPLITS;
+            chunk = (len + want - 1) / want;
+        } else {
+            chunk = auto_chunk;
+        }
+        chunk = ALIGN_UP(chunk, kp->tokens);
+        if (kp->max_chunk > 0 && chunk > kp->max_chunk) chunk = kp->max_chunk;
+        if (chunk < 1) chunk = 1;
+        int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
+        if (ns > max_split_b) max_split_b = (int32_t)ns;
+        const int32_t counter = ns > 1 ? (int32_t)counters : 0;
+        if (ns > 1) counters += kp->head_tiles;
+        const int32_t b = tiles[t].b;
+        for (int64_t s = 0; s < ns; s++) {
+            if (items) {
+                pa_work *w = &items[n];
+                memset(w, 0, sizeof *w);
+                w->q_start = p->h_q_start[b];
+                w->lse_start = p->h_lse_start[b];
+                w->b = b;
+                w->i0 = tiles[t].i0;
+                w->k0 = (int32_t)(tiles[t].lo + s * chunk);
+                w->k1 = (int32_t)(w->k0 + chunk < tiles[t].hi ? w->k0 + chunk : tiles[t].hi);
+                if (len == 0) w->k0 = w->k1 = tiles[t].lo;
+                w->split = (int32_t)s;
+                w->nsplit = (int32_t)ns;
+                w->counter = counter;
+                w->seqlen_q = p->h_seqlen_q[b];
+                w->seqlen_k = p->h_seqlen_k[b];
+                w->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
+            }
+            n++;
+        }
+    }
+    *part_rows = rows;
+    *ncounters = counters;
+    return n;
+}
+
+static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, CUfunction append_fn) {
+    const int32_t B = p->batch, H = p->heads, Hk = p->kv_heads, D = p->head_dim;
+    const bool attend = p->total_q > 0;
+    const bool rotate_q = p->rotary_cos != NULL && attend;
+    const bool append = p->total_new > 0 || rotate_q;
+    pa_status st = PA_OK;
+
+    kernel_plan kp;
+    memset(&kp, 0, sizeof kp);
+    tile_range *tiles = NULL;
+    int64_t ntiles = 0, nwork = 0, part_rows = 0, ncounters = 0;
+    if (attend) {
+        st = plan_kernel(ctx, impl, p, &kp);
+        if (st) return st;
+        for (int32_t b = 0; b < B; b++) ntiles += (p->h_seqlen_q[b] + kp.q_tile - 1) / kp.q_tile;
+        tiles = malloc(sizeof *tiles * (size_t)(ntiles ? ntiles : 1));
+        if (!tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+        int64_t t = 0;
+        for (int32_t b = 0; b < B; b++) {
+            const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
+            for (int32_t i0 = 0; i0 < sq; i0 += kp.q_tile) {
+                const int32_t last = (i0 + kp.q_tile < sq ? i0 + kp.q_tile : sq) - 1;
+                int32_t lo0, hi0, lo1, hi1;
+                pa_mask_range(p, sq, sk, i0, &lo0, &hi0);
+                pa_mask_range(p, sq, sk, last, &lo1, &hi1);
+                tile_range tr = {b, i0, lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
+                if (tr.hi < tr.lo) tr.hi = tr.lo;
+                tiles[t++] = tr;
+            }
+        }
+        nwork = plan_work(p, &kp, tiles, ntiles, NULL, &part_rows, &ncounters);
+        if (nwork * kp.head_tiles > INT32_MAX) {
+            free(tiles);
+            return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
+                           (long long)(nwork * kp.head_tiles));
+        }
+    }
+
+    /* staging (host, pinned) and scratch (device) layouts */
+    const size_t meta_bytes = sizeof(pa_seq_meta) * (size_t)B;
+    const size_t work_off = ALIGN_UP(meta_bytes, 256);
+    const size_t upload_bytes = work_off + sizeof(pa_work) * (size_t)nwork;
+    const size_t part_o_off = ALIGN_UP(upload_bytes, 256);
+    const size_t part_lse_off = part_o_off + ALIGN_UP((size_t)part_rows * H * D * 4, 256);
+    const size_t q_rot_off = part_lse_off + ALIGN_UP((size_t)part_rows * H * 4, 256);
+    const size_t scratch_bytes = q_rot_off + (rotate_q ? (size_t)p->total_q * H * D * 4 : 0);
+
+    void *host = NULL;
+    CUdeviceptr dev_scratch = 0, counters = 0;
+    st = pa_cuda_staging(ctx, impl, upload_bytes, &host);
+    if (st == PA_OK) st = pa_cuda_scratch(ctx, impl, scratch_bytes, &dev_scratch);
+    if (st == PA_OK && ncounters > 0) st = pa_cuda_counters(ctx, impl, (size_t)ncounters, &counters);
+    if (st) {
+        free(tiles);
+        return st;
+    }
+    pa_seq_meta *meta = host;
+    int64_t new_prefix = 0;
+    for (int32_t b = 0; b < B; b++) {
+        pa_seq_meta *mb = &meta[b];
+        memset(mb, 0, sizeof *mb);
+        mb->q_start = p->h_q_start[b];
+        mb->new_row = p->h_new_start_row[b];
+        mb->new_prefix = new_prefix;
+        new_prefix += p->h_num_new[b];
+        mb->append_pos = p->h_append_pos[b];
+        mb->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
+    }
+    if (attend) plan_work(p, &kp, tiles, ntiles, (pa_work *)((char *)host + work_off), &part_rows, &ncounters);
+    free(tiles);
+
+    const int64_t page_stride = (int64_t)p->page_size * Hk * D; /* contiguous: S_cache rows */
+    const int64_t row_stride = (int64_t)Hk * D;
+
+    /* Nothing below waits for the device (see the top of this file). */
+    st = pa_cuda_timing_begin(ctx, impl);
+    if (st) return st;
+    CUresult r = pa_cu.cuMemcpyHtoDAsync(dev_scratch, host, upload_bytes, impl->stream);
+    if (r == CUDA_SUCCESS) r = pa_cu.cuEventRecord(impl->staging_done, impl->stream);
+    if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuMemcpyHtoDAsync(attention plan)", __FILE__, __LINE__);
+    else impl->staging_pending = true;
+
+    if (st == PA_OK && append) {
+        pa_append_params ap;
+        memset(&ap, 0, sizeof ap);
+        ap.k_new = (pa_u64)(uintptr_t)p->k_new;
+        ap.v_new = (pa_u64)(uintptr_t)p->v_new;
+        ap.k_cache = (pa_u64)(uintptr_t)p->k_cache;
+        ap.v_cache = (pa_u64)(uintptr_t)p->v_cache;
+        ap.block_table = p->paged ? (pa_u64)(uintptr_t)p->block_table : 0;
+        ap.meta = dev_scratch;
+        ap.rot_cos = (pa_u64)(uintptr_t)p->rotary_cos;
+        ap.rot_sin = (pa_u64)(uintptr_t)p->rotary_sin;
+        ap.q = (pa_u64)(uintptr_t)p->q;
+        ap.q_rot = rotate_q ? dev_scratch + q_rot_off : 0;
+        ap.bt_stride = p->bt_stride;
+        ap.page_stride = page_stride;
+        ap.row_stride = row_stride;
+        ap.total_new = p->total_new;
+        ap.q_rows = rotate_q ? p->total_q : 0;
+        ap.batch = B;
+        ap.heads = H;
+        ap.kv_heads = Hk;
+        ap.head_dim = D;
+        ap.page_size = p->page_size;
+        ap.rotary_dim = p->rotary_dim;
+        ap.rot_dtype = (pa_i32)p->rotary_dtype;
+        ap.interleaved = p->rotary_interleaved;
+        ap.rope_q_step = p->rope_q_step;
+        const int64_t rows = p->total_new * Hk + ap.q_rows * H;
+        const int64_t grid = (rows + 7) / 8; /* 8 warps, one row each */
+        void *args[] = {&ap};
+        if (grid > INT32_MAX) st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "append: %lld rows are too many", (long long)rows);
+        else if (grid > 0) {
+            r = pa_cu.cuLaunchKernel(append_fn, (unsigned)grid, 1, 1, 256, 1, 1, 0, impl->stream, args, NULL);
+            if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(pa_append)", __FILE__, __LINE__);
+        }
+    }
+
+    if (st == PA_OK && attend && nwork > 0) {
+        pa_attn_params ap;
+        memset(&ap, 0, sizeof ap);
+        ap.q = rotate_q ? dev_scratch + q_rot_off : (pa_u64)(uintptr_t)p->q;
+        ap.q_f32 = rotate_q;
+        ap.out = (pa_u64)(uintptr_t)p->out;
+        ap.lse = (pa_u64)(uintptr_t)p->lse;
+        ap.k_cache = (pa_u64)(uintptr_t)p->k_cache;
+        ap.v_cache = (pa_u64)(uintptr_t)p->v_cache;
+        ap.block_table = p->paged ? (pa_u64)(uintptr_t)p->block_table : 0;
+        ap.alibi = (pa_u64)(uintptr_t)p->alibi;
+        ap.work = dev_scratch + work_off;
+        ap.part_o = dev_scratch + part_o_off;
+        ap.part_lse = dev_scratch + part_lse_off;
+        ap.counters = counters;
+        ap.bt_stride = p->bt_stride;
+        ap.lse_head_stride = p->lse_head_stride;
+        ap.alibi_batch_stride = p->alibi_batch_stride;
+        ap.page_stride = page_stride;
+        ap.row_stride = row_stride;
+        ap.batch = B;
+        ap.heads = H;
+        ap.kv_heads = Hk;
+        ap.group = p->group;
+        ap.head_dim = D;
+        ap.page_size = p->page_size;
+        ap.head_tiles = kp.head_tiles;
+        ap.heads_per_tile = kp.gt;
+        ap.q_tile = kp.q_tile;
+        ap.num_work = (pa_i32)nwork;
+        ap.window_left = p->window_left;
+        ap.window_right = p->window_right;
+        ap.scale = p->scale;
+        ap.softcap = p->softcap;
+        void *args[] = {&ap};
+        r = pa_cu.cuLaunchKernel(kp.fn, (unsigned)(nwork * kp.head_tiles), 1, 1, (unsigned)kp.threads, 1, 1,
+                                 (unsigned)kp.smem, impl->stream, args, NULL);
+        if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
+    }
+    pa_status st_end = pa_cuda_timing_end(ctx, impl);
+    return st ? st : st_end;
+}
+
+pa_status pa_cuda_attention(pa_context *ctx, const pa_attn_problem *p) {
+    cuda_impl *impl = pa_cuda_impl(p->dev);
+    pthread_mutex_lock(&impl->lock);
+    pa_status st = pa_cuda_enter(ctx, impl);
+    if (st == PA_OK) {
+        CUfunction append_fn = NULL;
+        if (p->total_new > 0 || (p->rotary_cos && p->total_q > 0)) {
+            char variant[64];
+            pa_kmodule *m;
+            snprintf(variant, sizeof variant, "append dtype=%s", dtype_str(p->dtype));
+            st = pa_cuda_module(ctx, impl, variant, &m);
+            if (st == PA_OK) st = pa_cuda_function(ctx, impl, m, "pa_append", 0, &append_fn);
+        }
+        if (st == PA_OK) st = run(ctx, impl, p, append_fn);
+        pa_cuda_leave(impl);
+    }
+    pthread_mutex_unlock(&impl->lock);
+    return st;
+}

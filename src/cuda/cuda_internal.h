@@ -1,0 +1,116 @@
+/*
+ * cuda_internal.h -- what the files of the CUDA backend share: the loaded
+ * driver and NVRTC tables, error helpers, the per-device state and the
+ * kernel-module cache.
+ */
+#ifndef PA_CUDA_INTERNAL_H
+#define PA_CUDA_INTERNAL_H
+
+#include "../core/internal.h"
+#include "cuda_api.h"
+#include "../../kernels/params.h"
+
+#include <pthread.h>
+
+/* ---- cuda_loader.c: libcuda and NVRTC, opened once with dlopen ---- */
+
+extern pa_cuda_driver pa_cu;  /* valid once pa_cuda_driver_ready() returned true */
+extern pa_nvrtc pa_rtc;       /* valid once pa_nvrtc_ready() returned true */
+
+/* Load the driver (cuInit, >= 1 device) / NVRTC; on failure *why says why.
+ * Both are cheap after the first call and safe to call from any thread. */
+bool pa_cuda_driver_ready(char *why, size_t why_len);
+bool pa_nvrtc_ready(char *why, size_t why_len);
+int pa_nvrtc_version(void); /* major * 10 + minor: 130 for 13.0 */
+
+/* Records a failed driver call (its text, the file and line) on ctx. */
+pa_status pa_cu_fail(pa_context *ctx, CUresult r, const char *call, const char *file, int line);
+#define CU_TRY(ctx, call)                                                   \
+    do {                                                                    \
+        CUresult r_ = (call);                                               \
+        if (r_ != CUDA_SUCCESS) return pa_cu_fail(ctx, r_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+/* ---- per-device state (cuda_backend.c) ---- */
+
+typedef struct pa_kmodule pa_kmodule;
+
+typedef struct cuda_impl {
+    CUdevice cudev;
+    CUcontext cuctx; /* the primary context, retained */
+    CUstream stream; /* all work of this device, in order */
+    int sm_count, cc_major, cc_minor;
+    int smem_optin; /* shared bytes a block may opt into */
+    char arch[16];  /* what NVRTC compiles for: "sm_90a", "sm_80", ... */
+    /* one call at a time: the caches, scratch and staging below are shared */
+    pthread_mutex_t lock;
+    pa_kmodule *modules;
+    /* per-call scratch on the device, grown on demand */
+    CUdeviceptr scratch;
+    size_t scratch_bytes;
+    CUdeviceptr counters; /* u32 arrival counters, zero between calls */
+    size_t counters_len;
+    /* pinned staging for the per-call upload; free once staging_done fired */
+    void *staging;
+    size_t staging_bytes;
+    CUevent staging_done;
+    bool staging_pending;
+    /* device-side timing of attention calls (pa_device_timing) */
+    bool timing, timed;
+    CUevent t_start, t_end;
+    CUfunction hold; /* util's pa_hold: keeps the stream busy while a call is queued */
+} cuda_impl;
+
+static inline cuda_impl *pa_cuda_impl(const pa_device *dev) { return (cuda_impl *)dev->impl; }
+
+/* Makes the device's context current for the duration of a call. */
+pa_status pa_cuda_enter(pa_context *ctx, cuda_impl *impl);
+void pa_cuda_leave(cuda_impl *impl);
+
+/* Device scratch of at least `bytes` (contents undefined) / counters of at
+ * least `n` entries (zero). May synchronise the stream to grow. */
+pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdeviceptr *out);
+pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdeviceptr *out);
+/* Pinned host staging of at least `bytes`, free to overwrite. */
+pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out);
+
+/* Timing brackets around the kernels of one attention call (no-ops unless on). */
+pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl);
+pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl);
+
+/* ---- cuda_kernels.c: run-time compiled kernel modules ---- */
+
+#define PA_KMODULE_FUNCS 8
+struct pa_kmodule {
+    pa_kmodule *next;
+    char name[192];
+    CUmodule module;
+    int info[8]; /* the module's pa_<kind>_info constants, if any */
+    int nfuncs;
+    const char *func_names[PA_KMODULE_FUNCS];
+    CUfunction funcs[PA_KMODULE_FUNCS];
+    int smem_set[PA_KMODULE_FUNCS]; /* dynamic shared limit raised to */
+};
+
+/* The module of a variant ("decode dtype=bf16 D=128 ..."), from memory, the
+ * disk cache, or NVRTC. Call with impl->lock held and the context current. */
+pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out);
+/* One of its kernels; raises its dynamic shared memory limit to smem_bytes. */
+pa_status pa_cuda_function(pa_context *ctx, cuda_impl *impl, pa_kmodule *m, const char *entry,
+                           int smem_bytes, CUfunction *out);
+void pa_cuda_modules_free(cuda_impl *impl);
+
+/* ---- kernel_sources.c: the kernels/ sources, embedded at build time ---- */
+
+typedef struct pa_kernel_source {
+    const char *name; /* file name in kernels/ */
+    const char *text;
+    size_t len;
+} pa_kernel_source;
+#define PA_KERNEL_SOURCES 8
+int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
+
+/* ---- cuda_attention.c ---- */
+pa_status pa_cuda_attention(pa_context *ctx, const pa_attn_problem *p);
+
+#endif /* PA_CUDA_INTERNAL_H */
