@@ -13,6 +13,7 @@
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
+local sweep = require "pagedattn.sweep" -- shared: make_cache, stats
 
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
@@ -24,14 +25,6 @@ if not dev then
 end
 local C, ctx = core.C, core.ctx
 local secs = ffi.new("double[1]")
-
-local function median(xs)
-  local s = {}
-  for i, x in ipairs(xs) do s[i] = x end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or 0.5 * (s[n / 2] + s[n / 2 + 1])
-end
 
 -- Median kernel seconds and median wall seconds of fn over `iters` calls.
 local function time_calls(fn, iters)
@@ -46,34 +39,15 @@ local function time_calls(fn, iters)
     kt[i] = secs[0]
   end
   assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
-  return median(kt), median(wt), kt
-end
-
-local function shuffled(n, seed)
-  local ids = {}
-  for i = 1, n do ids[i] = i - 1 end
-  local x = seed
-  for i = n, 2, -1 do
-    x = (x * 1103515245 + 12345) % 2147483648
-    local j = x % i + 1
-    ids[i], ids[j] = ids[j], ids[i]
-  end
-  return ids
+  return sweep.stats(kt).median, sweep.stats(wt).median, kt
 end
 
 local H, HK, D, DT = 32, 8, 128, "bf16"
 local ESZ = 2
 
--- K/V caches for B sequences of L keys: paged (random page order) or contiguous.
+-- K/V caches for B sequences of L keys: paged (random page order) or contiguous (page 0).
 local function make_cache(B, L, page)
-  if page == 0 then
-    return assert(pa.randn({ B, L, HK, D }, DT, dev, 1)), assert(pa.randn({ B, L, HK, D }, DT, dev, 2)), nil
-  end
-  local per = math.ceil(L / page)
-  local kc = assert(pa.randn({ B * per, page, HK, D }, DT, dev, 1))
-  local vc = assert(pa.randn({ B * per, page, HK, D }, DT, dev, 2))
-  local bt = assert(pa.from_table(shuffled(B * per, 7), { B, per }, "i32", dev))
-  return kc, vc, bt
+  return sweep.make_cache(pa, dev, B, L, HK, D, page, DT)
 end
 
 local rows = {}

@@ -4,16 +4,11 @@
 --   prefill: GFLOP/s (4 * Sq * Sk * H * D, only unmasked pairs), over the fp32 FMA peak.
 --   scripts/run scripts/bench_cpu.lua
 local pa = require "pagedattn"
+local sweep = require "pagedattn.sweep" -- shared: make_cache, stats
 
 local quick = arg[1] == "--quick"
 local dev = assert(pa.device("cpu"))
 local now = pa.clock
-
-local function median(xs)
-  table.sort(xs)
-  local n = #xs
-  return n % 2 == 1 and xs[(n + 1) / 2] or 0.5 * (xs[n / 2] + xs[n / 2 + 1])
-end
 
 -- Times fn: one warm-up call, then repeats for about `budget` seconds; median.
 local function time_it(fn, budget)
@@ -24,32 +19,12 @@ local function time_it(fn, budget)
     fn()
     times[#times + 1] = now() - t0
   until (now() - start > budget and #times >= 3) or #times >= 200
-  return median(times), #times
+  return sweep.stats(times).median, #times
 end
 
-local function shuffled_pages(n, seed)
-  local ids = {}
-  for i = 1, n do ids[i] = i - 1 end
-  local x = seed
-  for i = n, 2, -1 do
-    x = (x * 1103515245 + 12345) % 2147483648
-    local j = x % i + 1
-    ids[i], ids[j] = ids[j], ids[i]
-  end
-  return ids
-end
-
--- A paged (or contiguous, page = 0) KV cache holding B sequences of L keys.
+-- A paged (page 16: random page order) or contiguous (page 0) KV cache of B x L keys.
 local function make_cache(B, L, Hk, D, page, dtype)
-  if page == 0 then
-    return pa.randn({ B, L, Hk, D }, dtype, dev, 1), pa.randn({ B, L, Hk, D }, dtype, dev, 2), nil
-  end
-  local per = math.ceil(L / page)
-  local ids = shuffled_pages(B * per, 7)
-  local kc = pa.randn({ B * per, page, Hk, D }, dtype, dev, 1)
-  local vc = pa.randn({ B * per, page, Hk, D }, dtype, dev, 2)
-  local bt = pa.from_table(ids, { B, per }, "i32", dev)
-  return kc, vc, bt
+  return sweep.make_cache(pa, dev, B, L, Hk, D, page, dtype)
 end
 
 print(string.format("device: %s", dev.description))

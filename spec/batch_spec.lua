@@ -376,6 +376,7 @@ describe("batch staging", function()
     end
 
     local watched = { ["batch.lua"] = true, ["cache.lua"] = true, ["batch_spec.lua"] = true }
+    local library = { ["batch.lua"] = true, ["cache.lua"] = true }
     local function where(func, pc)
       local info = jutil.funcinfo(func, pc)
       local src = info.source or "?"
@@ -407,7 +408,12 @@ describe("batch staging", function()
           msg = msg:gsub("%%d", "%%s")
         end
         if type(oex) == "number" or type(oex) == "string" then msg = string.format(msg, oex) end
-        if watched[file] or watched[s[1]] then
+        -- an abort inside the library's staging code is a problem; one in this
+        -- harness's driver loop (e.g. "loop unroll limit reached" when a trace
+        -- that began in Batch:add runs into the loop around it) is the JIT
+        -- picking its trace boundaries, and depends on hot counters that other
+        -- specs in the same process have warmed: LuaJIT retries elsewhere
+        if library[file] or (watched[s[1]] and msg:find("NYI", 1, true)) then
           problems[#problems + 1] = string.format("trace %d started at %s:%d aborted at %s:%d: %s",
             tr, s[1], s[2], file, line, msg)
         end

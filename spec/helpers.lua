@@ -49,4 +49,46 @@ function H.error_of(fn, ...)
   return tostring(err)
 end
 
+-- ---- shell, files, devices: what several specs need ----
+
+-- The repository root (busted runs there; scripts/env.sh exports it).
+H.root = os.getenv("PAGEDATTN_ROOT") or (function()
+  local p = io.popen("pwd")
+  local d = p:read("*l")
+  p:close()
+  return d
+end)()
+
+-- Runs a shell command; returns its exit status and output (stdout + stderr).
+function H.sh(cmd)
+  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+  return rc, (out:gsub("__rc=%d+%s*$", ""))
+end
+
+function H.have(cmd) return H.sh("command -v " .. cmd .. " >/dev/null") == 0 end
+
+function H.tmpdir()
+  local p = io.popen("mktemp -d")
+  local d = p:read("*l")
+  p:close()
+  return d
+end
+
+function H.read_file(path) -- nil when missing
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+function H.write_file(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
 return H

@@ -3,23 +3,8 @@
 -- pagedattn`, and `require "pagedattn"` from the installed Lua tree (outside
 -- the source tree). The rockspec is checked with `luarocks lint` where
 -- LuaRocks is installed (pending otherwise).
-local function cwd()
-  local p = io.popen("pwd")
-  local d = p:read("*l")
-  p:close()
-  return d
-end
-local root = os.getenv("PAGEDATTN_ROOT") or cwd()
-
-local function sh(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, (out:gsub("__rc=%d+%s*$", ""))
-end
-
-local have = function(cmd) return sh("command -v " .. cmd .. " >/dev/null") == 0 end
+local H = require "helpers"
+local root, sh, have = H.root, H.sh, H.have
 
 local HELLO = [[
 #include <pagedattn.h>

@@ -30,12 +30,9 @@ local function with_env(vars, fn)
   if not ok then error(err, 0) end
 end
 
-local function tmpdir()
-  local path = os.tmpname()
-  os.remove(path)
-  assert(os.execute("mkdir -p '" .. path .. "'") == 0 or true)
-  return path
-end
+local H = require "helpers"
+local tmpdir, write_file = H.tmpdir, H.write_file
+local function read_file(path) return assert(H.read_file(path)) end
 
 local function ls(dir)
   local files = {}
@@ -43,19 +40,6 @@ local function ls(dir)
   for line in p:lines() do files[#files + 1] = line end
   p:close()
   return files
-end
-
-local function write_file(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
-end
-
-local function read_file(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
 end
 
 describe("NVRTC kernel compilation", function()

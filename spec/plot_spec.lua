@@ -4,31 +4,10 @@
 -- the rendering specs are reported pending (scripts/setup installs it).
 local sweep = require "pagedattn.sweep"
 
-local function cwd()
-  local p = io.popen("pwd")
-  local d = p:read("*l")
-  p:close()
-  return d
-end
-local root = os.getenv("PAGEDATTN_ROOT") or cwd()
+local H = require "helpers"
+local root, sh, read = H.root, H.sh, H.read_file
 local plot = "luajit " .. root .. "/scripts/plot"
 local Q = sweep.shell_quote
-
-local function sh(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, (out:gsub("__rc=%d+%s*$", ""))
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
 
 local have_gnuplot = sh("command -v gnuplot >/dev/null") == 0
 

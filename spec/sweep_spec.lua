@@ -4,45 +4,10 @@
 -- measures on the CPU. Nothing here depends on timing values.
 local sweep = require "pagedattn.sweep"
 
-local function cwd()
-  local p = io.popen("pwd")
-  local d = p:read("*l")
-  p:close()
-  return d
-end
-local root = os.getenv("PAGEDATTN_ROOT") or cwd() -- busted runs in the repository root
+local H = require "helpers"
+local root, sh, tmpdir, read, write = H.root, H.sh, H.tmpdir, H.read_file, H.write_file
 local runner = "luajit " .. root .. "/scripts/sweep.lua"
 local Q = sweep.shell_quote
-
-local function tmpdir()
-  local p = io.popen("mktemp -d")
-  local d = p:read("*l")
-  p:close()
-  return d
-end
-
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-
-local function write(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
-
--- runs a shell command; returns its exit status and output (stdout + stderr)
-local function sh(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, (out:gsub("__rc=%d+%s*$", ""))
-end
 
 local function lines(text)
   local out = {}
