@@ -89,5 +89,21 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
     }
 }
 
+/* Loads the page ids of keys [w.k0, w.k1) of sequence w.b into s_pages (one
+ * per page, from the block table's row), never reading the table past the last
+ * page that holds a key; returns that row's index of s_pages[0]. PAGE == -1: a
+ * contiguous cache, nothing to load. Every thread of the block takes part. */
+template <int PAGE, int NTHREADS>
+__device__ int pa_load_page_ids(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages) {
+    int first_page = 0;
+    if (PAGE != -1 && w.k1 > w.k0) {
+        first_page = w.k0 / ps;
+        const int npages = (w.k1 - 1) / ps - first_page + 1;
+        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
+        for (int i = threadIdx.x; i < npages; i += NTHREADS) s_pages[i] = bt[i];
+    }
+    return first_page;
+}
+
 #endif /* PA_EMBED_ONLY */
 #endif /* PA_ATTN_COMMON_CUH */

@@ -91,7 +91,7 @@ PA_DEV float pa_load_any(const void *p, int dt, i64 i) {
 }
 
 /* 8 consecutive elements as floats: one 16-byte load for f16/bf16, two for
- * f32. p must be 16-byte aligned. */
+ * f32. p must be 16-byte aligned. (pa_load8_or_zero below: zeros when !in.) */
 template <int DT> PA_DEV void pa_load8(const void *p, float (&x)[8]) {
     if (DT == PA_DT_F32) {
         const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
@@ -110,6 +110,16 @@ template <int DT> PA_DEV void pa_load8(const void *p, float (&x)[8]) {
                 x[2 * i + 1] = pa_f16_to_f32((u16)(w[i] >> 16));
             }
         }
+    }
+}
+
+/* pa_load8, or zeros for a lane with nothing to load (in == false). */
+template <int DT> PA_DEV void pa_load8_or_zero(bool in, const void *p, float (&x)[8]) {
+    if (in) {
+        pa_load8<DT>(p, x);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = 0.f;
     }
 }
 

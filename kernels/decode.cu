@@ -89,13 +89,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
 
     /* 1. page ids of keys [k0, k1), never past the last page holding a key */
-    int first_page = 0;
-    if (PA_PAGE != -1 && w.k1 > w.k0) {
-        first_page = w.k0 / ps;
-        const int npages = (w.k1 - 1) / ps - first_page + 1;
-        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
-        for (int i = tid; i < npages; i += NTHREADS) s_pages[i] = bt[i];
-    }
+    const int first_page = pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, s_pages);
 
     /* 2. q rows (scaled; base-2 scores unless softcap/ALiBi need natural units) */
     const bool natural = p.softcap > 0.f || p.alibi != 0;
@@ -179,11 +173,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
         for (int u = 0; u < TPG; u++) {
             const int j = ty + BDY * u;
             float kf[8];
-            if (tx < NCH) pa_load8<PA_DTYPE>(sk + j * ROWB + tx * 8 * ESZ, kf);
-            else {
-#pragma unroll
-                for (int e = 0; e < 8; e++) kf[e] = 0.f;
-            }
+            pa_load8_or_zero<PA_DTYPE>(tx < NCH, sk + j * ROWB + tx * 8 * ESZ, kf);
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 float a = 0.f;
@@ -244,11 +234,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
         for (int u = 0; u < TPG; u++) {
             const int j = ty + BDY * u;
             float vf[8];
-            if (tx < NCH) pa_load8<PA_DTYPE>(sv + j * ROWB + tx * 8 * ESZ, vf);
-            else {
-#pragma unroll
-                for (int e = 0; e < 8; e++) vf[e] = 0.f;
-            }
+            pa_load8_or_zero<PA_DTYPE>(tx < NCH, sv + j * ROWB + tx * 8 * ESZ, vf);
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
 #pragma unroll

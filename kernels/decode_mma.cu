@@ -129,13 +129,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
 
     /* 1. page ids of keys [k0, k1), never past the last page holding a key */
-    int first_page = 0;
-    if (PA_PAGE != -1 && w.k1 > w.k0) {
-        first_page = w.k0 / ps;
-        const int npages = (w.k1 - 1) / ps - first_page + 1;
-        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
-        for (int i = tid; i < npages; i += NTHREADS) s_pages[i] = bt[i];
-    }
+    const int first_page = pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, s_pages);
     /* 2. rows: key ranges, ALiBi slopes; the Q tile (unscaled, in the input
      * type; the rotated f32 q is rounded to it) */
     const bool natural = p.softcap > 0.f || p.alibi != 0;

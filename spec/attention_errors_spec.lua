@@ -144,27 +144,25 @@ describe("attention_with_kvcache rejects bad input and changes nothing", functio
     assert.truthy(err:find("element 3", 1, true), err)
   end)
 
-  it("varlen: cu_seqlens_q that does not cover q", function()
-    local q = pa.randn({ 5, 4, 8 }, "f32", cpu, 1)
+  -- A varlen call with total_q rows of q and new k/v, 2 sequences on 4 pages;
+  -- it fails naming `arg`, and the cache is as before.
+  local function expect_varlen_error(total_q, seqused_k, arg)
+    local q = pa.randn({ total_q, 4, 8 }, "f32", cpu, 1)
     local kc, vc = pa.randn({ 4, 4, 2, 8 }, "f32", cpu, 2), pa.randn({ 4, 4, 2, 8 }, "f32", cpu, 3)
     local before = kc:to_table()
     local err = H.error_of(pa.attention_varlen, q, kc, vc, {
-      cu_seqlens_q = { 0, 2, 4 }, seqused_k = { 3, 4 }, block_table = { { 0, 1 }, { 2, 3 } },
-      k = pa.randn({ 5, 2, 8 }, "f32", cpu, 4), v = pa.randn({ 5, 2, 8 }, "f32", cpu, 5),
+      cu_seqlens_q = { 0, 2, 4 }, seqused_k = seqused_k, block_table = { { 0, 1 }, { 2, 3 } },
+      k = pa.randn({ total_q, 2, 8 }, "f32", cpu, 4), v = pa.randn({ total_q, 2, 8 }, "f32", cpu, 5),
     })
-    assert.truthy(err:find("attention_varlen: cu_seqlens_q:", 1, true), err)
+    assert.truthy(err:find("attention_varlen: " .. arg .. ":", 1, true), err)
     assert.same(before, kc:to_table())
+  end
+
+  it("varlen: cu_seqlens_q that does not cover q", function()
+    expect_varlen_error(5, { 3, 4 }, "cu_seqlens_q")
   end)
 
   it("varlen: seqused_k smaller than the new tokens", function()
-    local q = pa.randn({ 4, 4, 8 }, "f32", cpu, 1)
-    local kc, vc = pa.randn({ 4, 4, 2, 8 }, "f32", cpu, 2), pa.randn({ 4, 4, 2, 8 }, "f32", cpu, 3)
-    local before = kc:to_table()
-    local err = H.error_of(pa.attention_varlen, q, kc, vc, {
-      cu_seqlens_q = { 0, 2, 4 }, seqused_k = { 3, 1 }, block_table = { { 0, 1 }, { 2, 3 } },
-      k = pa.randn({ 4, 2, 8 }, "f32", cpu, 4), v = pa.randn({ 4, 2, 8 }, "f32", cpu, 5),
-    })
-    assert.truthy(err:find("attention_varlen: seqused_k:", 1, true), err)
-    assert.same(before, kc:to_table())
+    expect_varlen_error(4, { 3, 1 }, "seqused_k")
   end)
 end)
