@@ -26,6 +26,7 @@
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
+#include "mma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
     !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP)
@@ -62,28 +63,6 @@ static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 
 extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
 
-PA_DEV void ldmatrix_x4(u32 (&r)[4], const void *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(pa_smem_addr(smem)));
-}
-PA_DEV void ldmatrix_x4_trans(u32 (&r)[4], const void *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(pa_smem_addr(smem)));
-}
-/* c += a b: m16n8k16, A row-major 16x16, B "col" 16x8 (8 columns of 16), f32 */
-PA_DEV void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if PA_DTYPE == PA_DT_BF16
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-#endif
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* c += a b: m16n8k8 (the P V product: k = 8 keys) */
 PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
 #if PA_DTYPE == PA_DT_BF16
@@ -96,17 +75,6 @@ PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(b));
 }
-/* two floats -> the input type, packed: lo in the low half */
-PA_DEV u32 pack2(float lo, float hi) {
-    u32 r;
-#if PA_DTYPE == PA_DT_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-}
-
 extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_attn_params p) {
     extern __shared__ __align__(128) u8 smem[];
     __shared__ int s_flag;

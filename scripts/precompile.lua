@@ -2,7 +2,7 @@
 -- kernel variants through NVRTC into the disk cache ($PAGEDATTN_KERNEL_CACHE,
 -- else $XDG_CACHE_HOME/pagedattn or ~/.cache/pagedattn), so that first calls
 -- need not compile. With no variants named: the catalog (every kernel and
--- code path) and the benchmark's variants. ARCH: "sm_90a", "sm_80", ...;
+-- code path) and the benchmark's variants (decode and prefill). ARCH: "sm_90a", "sm_80", ...;
 -- default: that of CUDA device 0 (needs the driver).
 --   scripts/run scripts/precompile.lua --arch sm_90a
 local ffi = require "ffi"
@@ -31,6 +31,13 @@ if #variants == 0 then
         variants[#variants + 1] = string.format("%s dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024",
           kind, page, stages)
       end
+    end
+  end
+  -- and its bf16 prefill (D 128, 4 heads per kv head; the tuning variants too)
+  for _, page in ipairs({ "16", "256", "contig" }) do
+    for _, sm in ipairs({ { 2, 2 }, { 2, 1 }, { 3, 1 } }) do
+      variants[#variants + 1] = string.format("prefill dtype=bf16 D=128 gt=4 page=%s stages=%d natural=0 minb=%d",
+        page, sm[1], sm[2])
     end
   end
 end

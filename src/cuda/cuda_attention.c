@@ -4,11 +4,14 @@
  *
  *   1. one upload of the per-sequence facts and the work list (pinned staging);
  *   2. rotary append (append.cu) when there are new k/v or q must be rotated;
- *   3. attention, when every sequence has <= 8 queries: decode_mma.cu (tensor
- *      cores; f16/bf16, head dim a multiple of 32 up to 128), else decode.cu
- *      (CUDA cores; head dim a multiple of 8); otherwise fallback.cu. Each
- *      splits the keys to fill the GPU and combines the splits in the same
- *      launch.
+ *   3. attention, in up to two launches: sequences with <= 8 queries on a
+ *      decode kernel, decode_mma.cu (tensor cores; f16/bf16, head dim a
+ *      multiple of 32 up to 128) or else decode.cu (CUDA cores; head dim a
+ *      multiple of 8); longer ones on prefill.cu (tensor cores; f16/bf16,
+ *      head dim a multiple of 16 up to 256), else fallback.cu. A mixed
+ *      attention_varlen batch thus runs each part on its kernel. Each kernel
+ *      splits the keys where its tiles alone would not fill the GPU and
+ *      combines the splits in the same launch.
  *
  * Work items are planned on the host from the core's host arrays; each item
  * is a (sequence, query tile, key range), launched times the head tiles.
@@ -47,32 +50,50 @@ typedef struct kernel_plan {
     int max_chunk;   /* keys one block may take (its page ids must fit); 0: any */
     int gt, q_tile, head_tiles;
     int capacity;    /* blocks resident at once on the whole GPU */
+    bool longest_first; /* order the work items by length, longest first */
 } kernel_plan;
 
-static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
-                             kernel_plan *kp) {
+/* Which kernel a sequence runs on. */
+typedef enum { K_DECODE, K_PREFILL, K_FALLBACK } kernel_kind;
+
+static bool decode_ok(const pa_attn_problem *p) {
+    return p->head_dim % 8 == 0 && !pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
+}
+static bool prefill_ok(const pa_attn_problem *p) {
+    return p->dtype != PA_F32 && p->head_dim % 16 == 0 && p->head_dim <= 256 &&
+           !pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
+}
+static kernel_kind kind_of(const pa_attn_problem *p, int32_t seqlen_q) {
+    if (seqlen_q <= 8 && decode_ok(p)) return K_DECODE;
+    return prefill_ok(p) ? K_PREFILL : K_FALLBACK;
+}
+
+static void page_key(const pa_attn_problem *p, char *page, size_t n) {
+    if (!p->paged) snprintf(page, n, "contig");
+    else if ((p->page_size & (p->page_size - 1)) == 0 && p->page_size <= (1 << 20))
+        snprintf(page, n, "%d", p->page_size);
+    else snprintf(page, n, "any");
+}
+
+/* The kernel of one kind for a problem whose sequences of that kind have at
+ * most max_q queries, with its launch shape. */
+static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
+                             int32_t max_q, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
-    char variant[192];
+    char variant[192], page[16];
     pa_kmodule *m;
     pa_status st;
-    /* PAGEDATTN_DECODE_KERNEL=simt|mma forces a decode kernel (tests, benchmarks);
-     * PAGEDATTN_CUDA_FALLBACK=1 the fallback */
-    const char *force = getenv("PAGEDATTN_DECODE_KERNEL");
-    const bool decode = D % 8 == 0 && p->max_seqlen_q <= 8 && !pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
-    const bool mma = decode && p->dtype != PA_F32 && D % 32 == 0 && D <= 128 &&
-                     !(force && strcmp(force, "simt") == 0);
-    if (decode) {
+    page_key(p, page, sizeof page);
+    if (kind == K_DECODE) {
+        /* PAGEDATTN_DECODE_KERNEL=simt|mma forces a decode kernel (tests, benchmarks) */
+        const char *force = getenv("PAGEDATTN_DECODE_KERNEL");
+        const bool mma = p->dtype != PA_F32 && D % 32 == 0 && D <= 128 && !(force && strcmp(force, "simt") == 0);
         int nq = 1;
-        while (nq < p->max_seqlen_q) nq *= 2;
+        while (nq < max_q) nq *= 2;
         const int max_rows = mma ? 16 : 8;
         int gt = 1;
         for (int d = 1; d <= G && d * nq <= max_rows; d++)
             if (G % d == 0) gt = d;
-        char page[16];
-        if (!p->paged) snprintf(page, sizeof page, "contig");
-        else if ((p->page_size & (p->page_size - 1)) == 0 && p->page_size <= (1 << 20))
-            snprintf(page, sizeof page, "%d", p->page_size);
-        else snprintf(page, sizeof page, "any");
         /* 4 stages: measured best on the H200 (kernels/NOTES.md) */
         const int stages = env_int("PAGEDATTN_DECODE_STAGES", 4, 2, 8);
         snprintf(variant, sizeof variant, "%s dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
@@ -94,6 +115,27 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->q_tile = nq;
         kp->head_tiles = p->kv_heads * (G / gt);
         st = pa_cuda_function(ctx, impl, m, mma ? "pa_decode_mma" : "pa_decode", kp->smem, &kp->fn);
+    } else if (kind == K_PREFILL) {
+        /* the heads of a GQA group share a tile (up to 16 of them) */
+        int gt = 1;
+        for (int d = 1; d <= G && d <= 16; d++)
+            if (G % d == 0) gt = d;
+        const int natural = p->softcap > 0.f || p->alibi != NULL || !(p->scale > 0.f);
+        const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 2, 2, 4);
+        const int minb = env_int("PAGEDATTN_PREFILL_MINB", D <= 128 ? 2 : 1, 1, 4);
+        snprintf(variant, sizeof variant, "prefill dtype=%s D=%d gt=%d page=%s stages=%d natural=%d minb=%d",
+                 dtype_str(p->dtype), D, gt, page, stages, natural, minb);
+        st = pa_cuda_module(ctx, impl, variant, &m);
+        if (st) return st;
+        kp->threads = m->info[0];
+        kp->smem = m->info[1];
+        kp->tokens = m->info[2];
+        kp->q_tile = m->info[3];
+        kp->max_chunk = 0;
+        kp->gt = gt;
+        kp->head_tiles = p->kv_heads * (G / gt);
+        kp->longest_first = true;
+        st = pa_cuda_function(ctx, impl, m, "pa_prefill", kp->smem, &kp->fn);
     } else {
         snprintf(variant, sizeof variant, "fallback dtype=%s", dtype_str(p->dtype));
         st = pa_cuda_module(ctx, impl, variant, &m);
@@ -221,6 +263,68 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     return n;
 }
 
+/* One attention launch: the sequences of one kernel kind. */
+typedef struct attn_part {
+    kernel_kind kind;
+    kernel_plan kp;
+    tile_range *tiles;
+    int64_t ntiles, nwork, part_rows, ncounters;
+    int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
+} attn_part;
+
+static int by_length_desc(const void *a, const void *b) {
+    const pa_work *x = a, *y = b;
+    const int32_t lx = x->k1 - x->k0, ly = y->k1 - y->k0;
+    return lx < ly ? 1 : lx > ly ? -1 : 0;
+}
+
+/* Plans part `pt` (kind already set): its kernel, query tiles and work count. */
+static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, attn_part *pt) {
+    int32_t max_q = 0;
+    for (int32_t b = 0; b < p->batch; b++)
+        if (p->h_seqlen_q[b] > 0 && kind_of(p, p->h_seqlen_q[b]) == pt->kind && p->h_seqlen_q[b] > max_q)
+            max_q = p->h_seqlen_q[b];
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, &pt->kp);
+    if (st) return st;
+    const int qt = pt->kp.q_tile;
+    for (int32_t b = 0; b < p->batch; b++)
+        if (p->h_seqlen_q[b] > 0 && kind_of(p, p->h_seqlen_q[b]) == pt->kind)
+            pt->ntiles += (p->h_seqlen_q[b] + qt - 1) / qt;
+    pt->tiles = malloc(sizeof *pt->tiles * (size_t)(pt->ntiles ? pt->ntiles : 1));
+    if (!pt->tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    int64_t t = 0;
+    for (int32_t b = 0; b < p->batch; b++) {
+        const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
+        if (sq == 0 || kind_of(p, sq) != pt->kind) continue;
+        for (int32_t i0 = 0; i0 < sq; i0 += qt) {
+            const int32_t last = (i0 + qt < sq ? i0 + qt : sq) - 1;
+            int32_t lo0, hi0, lo1, hi1;
+            pa_mask_range(p, sq, sk, i0, &lo0, &hi0);
+            pa_mask_range(p, sq, sk, last, &lo1, &hi1);
+            tile_range tr = {b, i0, lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
+            if (tr.hi < tr.lo) tr.hi = tr.lo;
+            pt->tiles[t++] = tr;
+        }
+    }
+    pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
+    if (pt->nwork * pt->kp.head_tiles > INT32_MAX)
+        return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
+                       (long long)(pt->nwork * pt->kp.head_tiles));
+    return PA_OK;
+}
+
+/* Writes part pt's work items at `items` (its share of the call's list),
+ * with its partial rows and counters placed after the earlier parts'. */
+static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *items) {
+    int64_t rows, counters;
+    plan_work(p, &pt->kp, pt->tiles, pt->ntiles, items, &rows, &counters);
+    for (int64_t i = 0; i < pt->nwork; i++) {
+        items[i].part_row += pt->rows0;
+        items[i].counter += (int32_t)pt->counters0;
+    }
+    if (pt->kp.longest_first) qsort(items, (size_t)pt->nwork, sizeof *items, by_length_desc);
+}
+
 static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, CUfunction append_fn) {
     const int32_t B = p->batch, H = p->heads, Hk = p->kv_heads, D = p->head_dim;
     const bool attend = p->total_q > 0;
@@ -228,34 +332,31 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     const bool append = p->total_new > 0 || rotate_q;
     pa_status st = PA_OK;
 
-    kernel_plan kp;
-    memset(&kp, 0, sizeof kp);
-    tile_range *tiles = NULL;
-    int64_t ntiles = 0, nwork = 0, part_rows = 0, ncounters = 0;
+    /* the parts: one per kernel kind that some sequence needs */
+    attn_part parts[3];
+    int nparts = 0;
+    memset(parts, 0, sizeof parts);
+    int64_t nwork = 0, part_rows = 0, ncounters = 0;
     if (attend) {
-        st = plan_kernel(ctx, impl, p, &kp);
-        if (st) return st;
-        for (int32_t b = 0; b < B; b++) ntiles += (p->h_seqlen_q[b] + kp.q_tile - 1) / kp.q_tile;
-        tiles = malloc(sizeof *tiles * (size_t)(ntiles ? ntiles : 1));
-        if (!tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
-        int64_t t = 0;
-        for (int32_t b = 0; b < B; b++) {
-            const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
-            for (int32_t i0 = 0; i0 < sq; i0 += kp.q_tile) {
-                const int32_t last = (i0 + kp.q_tile < sq ? i0 + kp.q_tile : sq) - 1;
-                int32_t lo0, hi0, lo1, hi1;
-                pa_mask_range(p, sq, sk, i0, &lo0, &hi0);
-                pa_mask_range(p, sq, sk, last, &lo1, &hi1);
-                tile_range tr = {b, i0, lo0 < lo1 ? lo0 : lo1, hi0 > hi1 ? hi0 : hi1};
-                if (tr.hi < tr.lo) tr.hi = tr.lo;
-                tiles[t++] = tr;
-            }
+        bool used[3] = {false, false, false};
+        for (int32_t b = 0; b < B; b++)
+            if (p->h_seqlen_q[b] > 0) used[kind_of(p, p->h_seqlen_q[b])] = true;
+        for (int k = 0; k < 3; k++) {
+            if (!used[k]) continue;
+            attn_part *pt = &parts[nparts++];
+            pt->kind = (kernel_kind)k;
+            st = plan_part(ctx, impl, p, pt);
+            if (st) break;
+            pt->work0 = nwork;
+            pt->rows0 = part_rows;
+            pt->counters0 = ncounters;
+            nwork += pt->nwork;
+            part_rows += pt->part_rows;
+            ncounters += pt->ncounters;
         }
-        nwork = plan_work(p, &kp, tiles, ntiles, NULL, &part_rows, &ncounters);
-        if (nwork * kp.head_tiles > INT32_MAX) {
-            free(tiles);
-            return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
-                           (long long)(nwork * kp.head_tiles));
+        if (st) {
+            for (int i = 0; i < nparts; i++) free(parts[i].tiles);
+            return st;
         }
     }
 
@@ -274,7 +375,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     if (st == PA_OK) st = pa_cuda_scratch(ctx, impl, scratch_bytes, &dev_scratch);
     if (st == PA_OK && ncounters > 0) st = pa_cuda_counters(ctx, impl, (size_t)ncounters, &counters);
     if (st) {
-        free(tiles);
+        for (int i = 0; i < nparts; i++) free(parts[i].tiles);
         return st;
     }
     pa_seq_meta *meta = host;
@@ -289,8 +390,10 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         mb->append_pos = p->h_append_pos[b];
         mb->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
     }
-    if (attend) plan_work(p, &kp, tiles, ntiles, (pa_work *)((char *)host + work_off), &part_rows, &ncounters);
-    free(tiles);
+    for (int i = 0; i < nparts; i++) {
+        write_part(p, &parts[i], (pa_work *)((char *)host + work_off) + parts[i].work0);
+        free(parts[i].tiles);
+    }
 
     const int64_t page_stride = (int64_t)p->page_size * Hk * D; /* contiguous: S_cache rows */
     const int64_t row_stride = (int64_t)Hk * D;
@@ -340,7 +443,9 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         }
     }
 
-    if (st == PA_OK && attend && nwork > 0) {
+    for (int i = 0; st == PA_OK && i < nparts; i++) {
+        const kernel_plan *kp = &parts[i].kp;
+        if (parts[i].nwork == 0) continue;
         pa_attn_params ap;
         memset(&ap, 0, sizeof ap);
         ap.q = rotate_q ? dev_scratch + q_rot_off : (pa_u64)(uintptr_t)p->q;
@@ -351,7 +456,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.v_cache = (pa_u64)(uintptr_t)p->v_cache;
         ap.block_table = p->paged ? (pa_u64)(uintptr_t)p->block_table : 0;
         ap.alibi = (pa_u64)(uintptr_t)p->alibi;
-        ap.work = dev_scratch + work_off;
+        ap.work = dev_scratch + work_off + sizeof(pa_work) * (size_t)parts[i].work0;
         ap.part_o = dev_scratch + part_o_off;
         ap.part_lse = dev_scratch + part_lse_off;
         ap.counters = counters;
@@ -366,17 +471,17 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.group = p->group;
         ap.head_dim = D;
         ap.page_size = p->page_size;
-        ap.head_tiles = kp.head_tiles;
-        ap.heads_per_tile = kp.gt;
-        ap.q_tile = kp.q_tile;
-        ap.num_work = (pa_i32)nwork;
+        ap.head_tiles = kp->head_tiles;
+        ap.heads_per_tile = kp->gt;
+        ap.q_tile = kp->q_tile;
+        ap.num_work = (pa_i32)parts[i].nwork;
         ap.window_left = p->window_left;
         ap.window_right = p->window_right;
         ap.scale = p->scale;
         ap.softcap = p->softcap;
         void *args[] = {&ap};
-        r = pa_cu.cuLaunchKernel(kp.fn, (unsigned)(nwork * kp.head_tiles), 1, 1, (unsigned)kp.threads, 1, 1,
-                                 (unsigned)kp.smem, impl->stream, args, NULL);
+        r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)(parts[i].nwork * kp->head_tiles), 1, 1, (unsigned)kp->threads, 1, 1,
+                                 (unsigned)kp->smem, impl->stream, args, NULL);
         if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
     }
     pa_status st_end = pa_cuda_timing_end(ctx, impl);

@@ -23,7 +23,7 @@
 
 typedef struct kkind {
     const char *kind, *file, *info;
-    const char *keys[8];
+    const char *keys[10];
 } kkind;
 
 static const kkind kinds[] = {
@@ -32,6 +32,7 @@ static const kkind kinds[] = {
     {"decode", "decode.cu", "pa_decode_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", NULL}},
     {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", NULL}},
     {"fallback", "fallback.cu", "pa_fallback_info", {"dtype", NULL}},
+    {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
 };
 
 #define MAX_OPTS 12
@@ -69,6 +70,8 @@ static pa_status parse_value(pa_context *ctx, const char *variant, const char *k
     else if (strcmp(key, "page") == 0) ok = v <= 0 || (is_pow2(v) && v <= (1 << 20));
     else if (strcmp(key, "stages") == 0) ok = v >= 2 && v <= 8;
     else if (strcmp(key, "maxp") == 0) ok = v >= 32 && v <= 8192 && v % 32 == 0;
+    else if (strcmp(key, "natural") == 0) ok = v == 0 || v == 1;
+    else if (strcmp(key, "minb") == 0) ok = v >= 1 && v <= 4;
     else ok = false;
     if (!ok) goto bad;
     char upper[16];
@@ -95,8 +98,8 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(tok, kinds[i].kind) == 0) out->kind = &kinds[i];
     if (!out->kind)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
-                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback)", name);
-    const char *vals[8] = {0};
+                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill)", name);
+    const char *vals[10] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {
         char *eq = strchr(tok, '=');
         int k = -1;
@@ -125,11 +128,15 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(key, "D") == 0) dim = v;
     }
     const bool mma = strcmp(out->kind->kind, "decode_mma") == 0;
-    if (nq * gt > (mma ? 16 : 8))
+    const bool decode = mma || strcmp(out->kind->kind, "decode") == 0;
+    if (decode && nq * gt > (mma ? 16 : 8))
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': nq * gt must be <= %d", name, mma ? 16 : 8);
     if (mma && (dtype == 0 || dim % 32 != 0 || dim > 128))
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "kernel variant '%s': decode_mma takes f16 or bf16 and D a multiple of 32 up to 128", name);
+    if (strcmp(out->kind->kind, "prefill") == 0 && (dtype == 0 || dim % 16 != 0))
+        return pa_fail(ctx, PA_ERR_ARGUMENT,
+                       "kernel variant '%s': prefill takes f16 or bf16 and D a multiple of 16 up to 256", name);
     return PA_OK;
 }
 
@@ -163,6 +170,14 @@ static const char *const catalog[] = {
     "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024",
     "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024",
     "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024",
+    "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2",
+    "prefill dtype=bf16 D=128 gt=4 page=256 stages=2 natural=0 minb=2",
+    "prefill dtype=bf16 D=128 gt=4 page=contig stages=2 natural=0 minb=2",
+    "prefill dtype=f16 D=128 gt=1 page=1 stages=3 natural=1 minb=1",
+    "prefill dtype=bf16 D=64 gt=8 page=any stages=2 natural=0 minb=2",
+    "prefill dtype=f16 D=256 gt=2 page=16 stages=2 natural=1 minb=1",
+    "prefill dtype=bf16 D=80 gt=3 page=any stages=2 natural=0 minb=1",
+    "prefill dtype=bf16 D=16 gt=16 page=8 stages=4 natural=1 minb=2",
 };
 
 int pa_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }

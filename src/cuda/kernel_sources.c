@@ -17,11 +17,13 @@
 #include "../../kernels/params.h"
 #include "../../kernels/common.cuh"
 #include "../../kernels/attn_common.cuh"
+#include "../../kernels/mma.cuh"
 #include "../../kernels/util.cu"
 #include "../../kernels/append.cu"
 #include "../../kernels/decode.cu"
 #include "../../kernels/decode_mma.cu"
 #include "../../kernels/fallback.cu"
+#include "../../kernels/prefill.cu"
 #undef PA_EMBED_ONLY
 
 /* Each file becomes a NUL-terminated byte array: pa_ksrc_<id> .. pa_ksrc_<id>_end. */
@@ -40,22 +42,26 @@
 EMBED(params, "params.h")
 EMBED(common, "common.cuh")
 EMBED(attn_common, "attn_common.cuh")
+EMBED(mma, "mma.cuh")
 EMBED(util, "util.cu")
 EMBED(append, "append.cu")
 EMBED(decode, "decode.cu")
 EMBED(decode_mma, "decode_mma.cu")
 EMBED(fallback, "fallback.cu")
+EMBED(prefill, "prefill.cu")
 
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
     const pa_kernel_source table[PA_KERNEL_SOURCES] = {
         {"params.h", pa_ksrc_params, (size_t)(pa_ksrc_params_end - pa_ksrc_params)},
         {"common.cuh", pa_ksrc_common, (size_t)(pa_ksrc_common_end - pa_ksrc_common)},
         {"attn_common.cuh", pa_ksrc_attn_common, (size_t)(pa_ksrc_attn_common_end - pa_ksrc_attn_common)},
+        {"mma.cuh", pa_ksrc_mma, (size_t)(pa_ksrc_mma_end - pa_ksrc_mma)},
         {"util.cu", pa_ksrc_util, (size_t)(pa_ksrc_util_end - pa_ksrc_util)},
         {"append.cu", pa_ksrc_append, (size_t)(pa_ksrc_append_end - pa_ksrc_append)},
         {"decode.cu", pa_ksrc_decode, (size_t)(pa_ksrc_decode_end - pa_ksrc_decode)},
         {"decode_mma.cu", pa_ksrc_decode_mma, (size_t)(pa_ksrc_decode_mma_end - pa_ksrc_decode_mma)},
         {"fallback.cu", pa_ksrc_fallback, (size_t)(pa_ksrc_fallback_end - pa_ksrc_fallback)},
+        {"prefill.cu", pa_ksrc_prefill, (size_t)(pa_ksrc_prefill_end - pa_ksrc_prefill)},
     };
     memcpy(out, table, sizeof table);
     return PA_KERNEL_SOURCES;

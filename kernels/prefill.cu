@@ -1,0 +1,341 @@
+/*
+ * prefill.cu -- paged prefill / chunked prefill attention on tensor cores
+ * (f16, bf16; mma.sync, sm_80 and up): flash-attention 2's plan with K/V tiles
+ * gathered from pages of any size.
+ *
+ * One block = one work item (sequence b, a tile of BM / GT queries, keys
+ * [k0, k1)) x one head tile (kv head hk and GT query heads of its GQA group).
+ * The BM rows of the tile are (query, head) pairs, row r = query i0 + r / GT,
+ * head g0 + r % GT: the heads of a group share every K/V tile. Each of the
+ * BM / 16 warps owns 16 rows; every warp walks all keys of the range.
+ *  - Keys come in tiles of BN through a STAGES-deep cp.async ring (K and V of
+ *    a tile in one stage). Each thread copies the same 16-byte column chunk of
+ *    a few rows of every tile; at the start of each tile it resolves its rows'
+ *    pages itself: page id from the block table (loaded a tile ahead, into
+ *    registers), then the absolute 64-bit byte offset of the row. Rows past
+ *    k1 are zero-filled and never read the block table: the last tile never
+ *    looks past the last page holding a key.
+ *  - S = Q K^T on m16n8k16 (Q and K by ldmatrix from padded rows:
+ *    conflict-free), the online softmax in base 2 on the accumulator
+ *    fragments (the scale folded into one FFMA per score unless PA_NATURAL:
+ *    softcap, ALiBi or a non-positive scale need the scores in natural
+ *    units), P rounded to the input type as the A operand of O += P V
+ *    (V by ldmatrix.trans). Accumulation in f32 throughout.
+ *  - Masks cost only where a tile crosses a row's key range: a warp whose 16
+ *    rows all take the whole tile skips them. Tiles outside the work item's
+ *    range (wholly masked by causality or the window) are never visited: the
+ *    host plans [k0, k1) as the union of the tile's rows' ranges.
+ *  - The epilogue stages O (f32) through shared memory; pa_write_rows writes
+ *    out/lse or a split's partial and combines the splits (fused).
+ *
+ * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 16, <= 256), PA_GT
+ * (heads per tile), PA_PAGE (-1 contiguous, 0 any, else a power of two),
+ * PA_STAGES, PA_NATURAL (0/1), PA_MINB (blocks per SM for __launch_bounds__).
+ */
+#ifndef PA_EMBED_ONLY
+#include "attn_common.cuh"
+#include "mma.cuh"
+
+#if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || \
+    !defined(PA_STAGES) || !defined(PA_NATURAL) || !defined(PA_MINB)
+#error "prefill.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL, PA_MINB"
+#endif
+
+namespace {
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+constexpr int D = PA_D;
+constexpr int BM = 128;                   /* rows per block: 8 warps x 16 */
+constexpr int NWARPS = BM / 16, NTHREADS = NWARPS * 32;
+constexpr int BN = D <= 128 ? 64 : 32;    /* keys per tile */
+constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
+constexpr int ROWB = D * 2;               /* bytes of a row in global memory */
+constexpr int RSTRIDE = ROWB + 16;        /* in shared memory: padded for ldmatrix */
+constexpr int CPR = ROWB / 16;            /* 16-byte chunks per row */
+constexpr int CHUNKS = BN * CPR;          /* per K (or V) tile */
+constexpr int CPT = (CHUNKS + NTHREADS - 1) / NTHREADS; /* chunks per thread per tile */
+constexpr int Q_BYTES = BM * RSTRIDE;
+constexpr int KV_STAGE = 2 * BN * RSTRIDE;
+constexpr int OSTRIDE = D + 4;            /* f32 epilogue rows: conflict-free float2 stores */
+constexpr int SMEM = cmax(Q_BYTES + PA_STAGES * KV_STAGE, BM * OSTRIDE * 4);
+
+static_assert(D % 16 == 0 && D >= 16 && D <= 256, "head dim");
+static_assert(GT >= 1 && GT <= 16, "heads per tile");
+static_assert(PA_STAGES >= 2, "pipeline depth");
+static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
+} // namespace
+
+extern "C" __constant__ int pa_prefill_info[4] = {NTHREADS, SMEM, BN, QT};
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const pa_attn_params p) {
+    extern __shared__ __align__(128) u8 smem[];
+    __shared__ int s_flag;
+    __shared__ pa_work s_w;
+    __shared__ int s_lo[BM], s_hi[BM];
+    __shared__ float s_slope[PA_NATURAL ? BM : 1];
+    __shared__ float s_lse2[BM];
+    u8 *s_q = smem, *s_kv = smem + Q_BYTES;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int head_tile = blockIdx.x % p.head_tiles;
+    if (tid == 0) s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
+    __syncthreads();
+    const pa_work w = s_w;
+    const int tiles_per_group = p.group / GT;
+    const int hk = head_tile / tiles_per_group;
+    const int g0 = (head_tile - hk * tiles_per_group) * GT;
+    const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
+
+    /* 1. rows: key ranges (clipped to the item's), ALiBi slopes; the Q tile */
+    for (int r = tid; r < BM; r += NTHREADS) {
+        const int qi = w.i0 + r / GT;
+        int lo = 0, hi = 0;
+        if (r < ROWS && qi < w.seqlen_q) {
+            pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
+            lo = max(lo, w.k0);
+            hi = min(hi, w.k1);
+            if (hi < lo) hi = lo;
+        }
+        s_lo[r] = lo;
+        s_hi[r] = hi;
+#if PA_NATURAL
+        s_slope[r] = p.alibi && r < ROWS && qi < w.seqlen_q
+                         ? ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + hk * p.group + g0 + r % GT] *
+                               PA_LOG2E
+                         : 0.f;
+#endif
+    }
+    for (int e = tid; e < BM * CPR; e += NTHREADS) {
+        const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
+        const bool in = r < ROWS && qi < w.seqlen_q;
+        const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
+        u8 *dst = s_q + r * RSTRIDE + c * 16;
+        if (p.q_f32) { /* the rotated q (f32), rounded to the input type */
+            float x[8];
+            pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
+            *(uint4 *)dst = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+        } else {
+            pa_cp_async16(dst, (const u16 *)p.q + off, in);
+        }
+    }
+
+    /* 2. the K/V pipeline. This thread's chunks of a tile: c = tid + i *
+     * NTHREADS, row c / CPR, column chunk c % CPR. */
+    const int nt = (w.k1 - w.k0 + BN - 1) / BN;
+    const i64 head_bytes = (i64)hk * D * 2;
+    int pid[CPT]; /* page ids of this thread's rows of the next tile to issue */
+    auto load_pids = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int c = tid + i * NTHREADS, tok = w.k0 + t * BN + c / CPR;
+            pid[i] = 0;
+            if (PA_PAGE != -1 && c < CHUNKS && t < nt && tok < w.k1)
+                pid[i] = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
+        }
+    };
+    auto issue = [&](int t) {
+        u8 *sk = s_kv + (t % PA_STAGES) * KV_STAGE, *sv = sk + BN * RSTRIDE;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int c = tid + i * NTHREADS, row = c / CPR, ch = c - row * CPR, tok = w.k0 + t * BN + row;
+            if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
+            const bool ok = tok < w.k1;
+            i64 off = 0;
+            if (ok) {
+                if (PA_PAGE == -1) off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2;
+                else off = ((i64)pid[i] * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride) * 2;
+                off += head_bytes + ch * 16;
+            }
+            pa_cp_async16(sk + row * RSTRIDE + ch * 16, (const u8 *)p.k_cache + off, ok);
+            pa_cp_async16(sv + row * RSTRIDE + ch * 16, (const u8 *)p.v_cache + off, ok);
+        }
+    };
+    load_pids(0);
+#pragma unroll
+    for (int t = 0; t < PA_STAGES - 1; t++) {
+        if (t < nt) {
+            issue(t);
+            load_pids(t + 1);
+        }
+        pa_cp_async_commit(); /* the first group also holds Q */
+    }
+    __syncthreads(); /* s_lo, s_hi, s_slope, the f32 Q rows */
+
+    /* this lane's rows: R0 = warp * 16 + g, R1 = R0 + 8 */
+    const int g = lane >> 2, t4 = lane & 3;
+    const int R0 = warp * 16 + g, R1 = R0 + 8;
+    const int lo0 = s_lo[R0], hi0 = s_hi[R0], lo1 = s_lo[R1], hi1 = s_hi[R1];
+    /* the warp's tightest range: tiles inside it need no mask */
+    int wlo = max(lo0, lo1), whi = min(hi0, hi1);
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
+        whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, x));
+    }
+#if PA_NATURAL
+    const float qk_scale = p.scale;
+    const int diag0 = w.i0 + R0 / GT + w.seqlen_k - w.seqlen_q, diag1 = w.i0 + R1 / GT + w.seqlen_k - w.seqlen_q;
+    const float slope0 = s_slope[R0], slope1 = s_slope[R1];
+#else
+    const float c2 = p.scale * PA_LOG2E; /* scores -> base-2 exponents */
+#endif
+    /* shared-memory addresses (u32) of this lane's ldmatrix rows */
+    const u32 q_rows = pa_smem_addr(s_q) + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
+    const u32 k_lane = pa_smem_addr(s_kv) + (lane & 7) * RSTRIDE + 16 * (lane >> 3);
+    const u32 v_lane = pa_smem_addr(s_kv) + BN * RSTRIDE + ((lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -PA_INF, m1 = -PA_INF, l0 = 0.f, l1 = 0.f; /* l: this lane's part of the row sums */
+
+    for (int t = 0; t < nt; t++) {
+        pa_cp_async_wait<PA_STAGES - 2>();
+        __syncthreads(); /* tile t landed; the buffer of tile t - 1 is free */
+        if (t + PA_STAGES - 1 < nt) {
+            issue(t + PA_STAGES - 1);
+            load_pids(t + PA_STAGES);
+        }
+        pa_cp_async_commit();
+
+        const u32 stage = (t % PA_STAGES) * KV_STAGE, sk = k_lane + stage, sv = v_lane + stage;
+        /* S = Q K^T: 16 rows x BN keys per warp */
+        float s[BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 32; kk++) {
+            u32 qa0[4], qa1[4];
+            ldsm_x4(qa0, q_rows + kk * 64);
+            ldsm_x4(qa1, q_rows + kk * 64 + 32);
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                u32 b[4];
+                ldsm_x4(b, sk + n * 8 * RSTRIDE + kk * 64);
+                mma16816(s[n], qa0, b[0], b[1]);
+                mma16816(s[n], qa1, b[2], b[3]);
+            }
+        }
+        if (D % 32 != 0) { /* the last 16 of the head dim */
+            u32 qa[4];
+            ldsm_x4(qa, q_rows + (D / 32) * 64);
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) {
+                u32 b[4]; /* lanes 16-31 repeat lanes 0-15's addresses: b[2], b[3] unused */
+                ldsm_x4(b, sk + n * 8 * RSTRIDE + (D / 32) * 64 - 16 * (lane >> 4) * 2);
+                mma16816(s[n], qa, b[0], b[1]);
+            }
+        }
+
+        /* scores -> base-2 exponents (natural), masks; row maxima */
+        const int kt = w.k0 + t * BN;
+        const bool masked = kt < wlo || kt + BN > whi; /* warp-uniform */
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int tok = kt + n * 8 + 2 * t4 + (j & 1);
+                const bool upper = j >= 2;
+                float x = s[n][j];
+#if PA_NATURAL
+                x *= qk_scale;
+                if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                x *= PA_LOG2E;
+                if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
+#endif
+                if (masked) {
+                    const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
+                    x = ok ? x : -PA_INF;
+                }
+                s[n][j] = x;
+                if (upper) mx1 = fmaxf(mx1, x);
+                else mx0 = fmaxf(mx0, x);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+#if PA_NATURAL
+        const float e0 = mx0 == -PA_INF ? 0.f : mx0, e1 = mx1 == -PA_INF ? 0.f : mx1;
+        const float alpha0 = pa_exp2(m0 - e0), alpha1 = pa_exp2(m1 - e1);
+#define PA_EXPONENT(x, e) ((x) - (e))
+#else
+        const float e0 = mx0 == -PA_INF ? 0.f : mx0 * c2, e1 = mx1 == -PA_INF ? 0.f : mx1 * c2;
+        const float alpha0 = pa_exp2(m0 * c2 - e0), alpha1 = pa_exp2(m1 * c2 - e1);
+#define PA_EXPONENT(x, e) fmaf((x), c2, -(e))
+#endif
+        /* alpha: 1 while the maxima stay (m0 == mx0), 0 from -inf; -inf - 0 -> 0 */
+        const bool rescale = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
+        m0 = mx0;
+        m1 = mx1;
+        if (rescale) {
+            l0 *= alpha0;
+            l1 *= alpha1;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][0] *= alpha0;
+                o[n][1] *= alpha0;
+                o[n][2] *= alpha1;
+                o[n][3] *= alpha1;
+            }
+        }
+        /* P = 2^(x - max), as A fragments (input type) of the P V product */
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            float pr[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                pr[h][0] = pa_exp2(PA_EXPONENT(s[2 * ks + h][0], e0));
+                pr[h][1] = pa_exp2(PA_EXPONENT(s[2 * ks + h][1], e0));
+                pr[h][2] = pa_exp2(PA_EXPONENT(s[2 * ks + h][2], e1));
+                pr[h][3] = pa_exp2(PA_EXPONENT(s[2 * ks + h][3], e1));
+                l0 += pr[h][0] + pr[h][1];
+                l1 += pr[h][2] + pr[h][3];
+            }
+            const u32 pa[4] = {pack2(pr[0][0], pr[0][1]), pack2(pr[0][2], pr[0][3]), pack2(pr[1][0], pr[1][1]),
+                               pack2(pr[1][2], pr[1][3])};
+            /* O += P V: keys ks * 16 .. + 15, 16 dims per ldmatrix.trans */
+#pragma unroll
+            for (int dn = 0; dn < D / 16; dn++) {
+                u32 b[4];
+                ldsm_x4_trans(b, sv + ks * 16 * RSTRIDE + dn * 32);
+                mma16816(o[2 * dn], pa, b[0], b[1]);
+                mma16816(o[2 * dn + 1], pa, b[2], b[3]);
+            }
+        }
+#undef PA_EXPONENT
+    }
+    pa_cp_async_wait<0>();
+    __syncthreads(); /* the stage buffers become the epilogue's */
+
+    /* 3. normalise, stage O (f32) and the rows' log2-sum-exp */
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    float *s_o = (float *)smem;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        const int col = n * 8 + 2 * t4;
+        *(float2 *)(s_o + R0 * OSTRIDE + col) = make_float2(o[n][0] * inv0, o[n][1] * inv0);
+        *(float2 *)(s_o + R1 * OSTRIDE + col) = make_float2(o[n][2] * inv1, o[n][3] * inv1);
+    }
+    if (t4 == 0) {
+#if PA_NATURAL
+        s_lse2[R0] = m0 == -PA_INF ? -PA_INF : m0 + pa_log2(l0);
+        s_lse2[R1] = m1 == -PA_INF ? -PA_INF : m1 + pa_log2(l1);
+#else
+        s_lse2[R0] = m0 == -PA_INF ? -PA_INF : m0 * c2 + pa_log2(l0);
+        s_lse2[R1] = m1 == -PA_INF ? -PA_INF : m1 * c2 + pa_log2(l1);
+#endif
+    }
+    __syncthreads();
+    pa_write_rows<PA_DTYPE>(
+        p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; },
+        [&](int r) { return s_lse2[r]; }, &s_flag);
+}
+
+#endif /* PA_EMBED_ONLY */
