@@ -33,8 +33,7 @@
  * PA_STAGES, PA_NATURAL (0/1), PA_MINB (blocks per SM for __launch_bounds__).
  */
 #ifndef PA_EMBED_ONLY
-#include "attn_common.cuh"
-#include "mma.cuh"
+#include "prefill_common.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || \
     !defined(PA_STAGES) || !defined(PA_NATURAL) || !defined(PA_MINB)
@@ -87,24 +86,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
 
     /* 1. rows: key ranges (clipped to the item's), ALiBi slopes; the Q tile */
-    for (int r = tid; r < BM; r += NTHREADS) {
-        const int qi = w.i0 + r / GT;
-        int lo = 0, hi = 0;
-        if (r < ROWS && qi < w.seqlen_q) {
-            pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
-            lo = max(lo, w.k0);
-            hi = min(hi, w.k1);
-            if (hi < lo) hi = lo;
-        }
-        s_lo[r] = lo;
-        s_hi[r] = hi;
-#if PA_NATURAL
-        s_slope[r] = p.alibi && r < ROWS && qi < w.seqlen_q
-                         ? ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + hk * p.group + g0 + r % GT] *
-                               PA_LOG2E
-                         : 0.f;
-#endif
-    }
+    pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
     for (int e = tid; e < BM * CPR; e += NTHREADS) {
         const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
         const bool in = r < ROWS && qi < w.seqlen_q;
@@ -162,23 +144,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     __syncthreads(); /* s_lo, s_hi, s_slope, the f32 Q rows */
 
     /* this lane's rows: R0 = warp * 16 + g, R1 = R0 + 8 */
-    const int g = lane >> 2, t4 = lane & 3;
-    const int R0 = warp * 16 + g, R1 = R0 + 8;
-    const int lo0 = s_lo[R0], hi0 = s_hi[R0], lo1 = s_lo[R1], hi1 = s_hi[R1];
-    /* the warp's tightest range: tiles inside it need no mask */
-    int wlo = max(lo0, lo1), whi = min(hi0, hi1);
-#pragma unroll
-    for (int x = 4; x < 32; x <<= 1) {
-        wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, x));
-        whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, x));
-    }
-#if PA_NATURAL
-    const float qk_scale = p.scale;
-    const int diag0 = w.i0 + R0 / GT + w.seqlen_k - w.seqlen_q, diag1 = w.i0 + R1 / GT + w.seqlen_k - w.seqlen_q;
-    const float slope0 = s_slope[R0], slope1 = s_slope[R1];
-#else
-    const float c2 = p.scale * PA_LOG2E; /* scores -> base-2 exponents */
-#endif
+    const int R0 = warp * 16 + (lane >> 2);
+    pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
     /* shared-memory addresses (u32) of this lane's ldmatrix rows */
     const u32 q_rows = pa_smem_addr(s_q) + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
     const u32 k_lane = pa_smem_addr(s_kv) + (lane & 7) * RSTRIDE + 16 * (lane >> 3);
@@ -187,7 +154,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -PA_INF, m1 = -PA_INF, l0 = 0.f, l1 = 0.f; /* l: this lane's part of the row sums */
 
     for (int t = 0; t < nt; t++) {
         pa_cp_async_wait<PA_STAGES - 2>();
@@ -227,75 +193,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
             }
         }
 
-        /* scores -> base-2 exponents (natural), masks; row maxima */
-        const int kt = w.k0 + t * BN;
-        const bool masked = kt < wlo || kt + BN > whi; /* warp-uniform */
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int tok = kt + n * 8 + 2 * t4 + (j & 1);
-                const bool upper = j >= 2;
-                float x = s[n][j];
-#if PA_NATURAL
-                x *= qk_scale;
-                if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                x *= PA_LOG2E;
-                if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
-#endif
-                if (masked) {
-                    const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
-                    x = ok ? x : -PA_INF;
-                }
-                s[n][j] = x;
-                if (upper) mx1 = fmaxf(mx1, x);
-                else mx0 = fmaxf(mx0, x);
-            }
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-#if PA_NATURAL
-        const float e0 = mx0 == -PA_INF ? 0.f : mx0, e1 = mx1 == -PA_INF ? 0.f : mx1;
-        const float alpha0 = pa_exp2(m0 - e0), alpha1 = pa_exp2(m1 - e1);
-#define PA_EXPONENT(x, e) ((x) - (e))
-#else
-        const float e0 = mx0 == -PA_INF ? 0.f : mx0 * c2, e1 = mx1 == -PA_INF ? 0.f : mx1 * c2;
-        const float alpha0 = pa_exp2(m0 * c2 - e0), alpha1 = pa_exp2(m1 * c2 - e1);
-#define PA_EXPONENT(x, e) fmaf((x), c2, -(e))
-#endif
-        /* alpha: 1 while the maxima stay (m0 == mx0), 0 from -inf; -inf - 0 -> 0 */
-        const bool rescale = __any_sync(0xffffffffu, mx0 != m0 || mx1 != m1);
-        m0 = mx0;
-        m1 = mx1;
-        if (rescale) {
-            l0 *= alpha0;
-            l1 *= alpha1;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                o[n][0] *= alpha0;
-                o[n][1] *= alpha0;
-                o[n][2] *= alpha1;
-                o[n][3] *= alpha1;
-            }
-        }
-        /* P = 2^(x - max), as A fragments (input type) of the P V product */
+        /* scores -> exponents, masks, maxima; P = 2^(x c2 - e) as the A fragments of P V */
+        float e0, e1;
+        pa_softmax_tile<BN / 8, D / 8, PA_NATURAL>(p, rs, s, o, w.k0 + t * BN, e0, e1);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
-            float pr[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                pr[h][0] = pa_exp2(PA_EXPONENT(s[2 * ks + h][0], e0));
-                pr[h][1] = pa_exp2(PA_EXPONENT(s[2 * ks + h][1], e0));
-                pr[h][2] = pa_exp2(PA_EXPONENT(s[2 * ks + h][2], e1));
-                pr[h][3] = pa_exp2(PA_EXPONENT(s[2 * ks + h][3], e1));
-                l0 += pr[h][0] + pr[h][1];
-                l1 += pr[h][2] + pr[h][3];
-            }
-            const u32 pa[4] = {pack2(pr[0][0], pr[0][1]), pack2(pr[0][2], pr[0][3]), pack2(pr[1][0], pr[1][1]),
-                               pack2(pr[1][2], pr[1][3])};
+            u32 pa[4];
+            pa_p_fragment<BN / 8>(rs, s, ks, e0, e1, pa);
             /* O += P V: keys ks * 16 .. + 15, 16 dims per ldmatrix.trans */
 #pragma unroll
             for (int dn = 0; dn < D / 16; dn++) {
@@ -305,36 +209,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
                 mma16816(o[2 * dn + 1], pa, b[2], b[3]);
             }
         }
-#undef PA_EXPONENT
     }
     pa_cp_async_wait<0>();
     __syncthreads(); /* the stage buffers become the epilogue's */
 
     /* 3. normalise, stage O (f32) and the rows' log2-sum-exp */
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-    float *s_o = (float *)smem;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-        const int col = n * 8 + 2 * t4;
-        *(float2 *)(s_o + R0 * OSTRIDE + col) = make_float2(o[n][0] * inv0, o[n][1] * inv0);
-        *(float2 *)(s_o + R1 * OSTRIDE + col) = make_float2(o[n][2] * inv1, o[n][3] * inv1);
-    }
-    if (t4 == 0) {
-#if PA_NATURAL
-        s_lse2[R0] = m0 == -PA_INF ? -PA_INF : m0 + pa_log2(l0);
-        s_lse2[R1] = m1 == -PA_INF ? -PA_INF : m1 + pa_log2(l1);
-#else
-        s_lse2[R0] = m0 == -PA_INF ? -PA_INF : m0 * c2 + pa_log2(l0);
-        s_lse2[R1] = m1 == -PA_INF ? -PA_INF : m1 * c2 + pa_log2(l1);
-#endif
-    }
+    pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
     __syncthreads();
     pa_write_rows<PA_DTYPE>(
-        p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; },
+        p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return ((const float *)smem)[r * OSTRIDE + d]; },
         [&](int r) { return s_lse2[r]; }, &s_flag);
 }
 

@@ -7,8 +7,9 @@
  *   3. attention, in up to two launches: sequences with <= 8 queries on a
  *      decode kernel, decode_mma.cu (tensor cores; f16/bf16, head dim a
  *      multiple of 32 up to 128) or else decode.cu (CUDA cores; head dim a
- *      multiple of 8); longer ones on prefill.cu (tensor cores; f16/bf16,
- *      head dim a multiple of 16 up to 256), else fallback.cu. A mixed
+ *      multiple of 8); longer ones on prefill_wgmma.cu (Hopper; f16/bf16,
+ *      head dim 64, 128 or 256) or prefill.cu (mma.sync; f16/bf16, head dim
+ *      a multiple of 16 up to 256), else fallback.cu. A mixed
  *      attention_varlen batch thus runs each part on its kernel. Each kernel
  *      splits the keys where its tiles alone would not fill the GPU and
  *      combines the splits in the same launch.
@@ -121,10 +122,19 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         for (int d = 1; d <= G && d <= 16; d++)
             if (G % d == 0) gt = d;
         const int natural = p->softcap > 0.f || p->alibi != NULL || !(p->scale > 0.f);
+        /* Hopper: wgmma (head dims 64, 128, 256) unless PAGEDATTN_PREFILL_KERNEL=mma */
+        const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
+        const bool wgmma = strcmp(impl->arch, "sm_90a") == 0 && (D == 64 || D == 128 || D == 256) &&
+                           !(force && strcmp(force, "mma") == 0);
         const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 2, 2, 4);
-        const int minb = env_int("PAGEDATTN_PREFILL_MINB", D <= 128 ? 2 : 1, 1, 4);
-        snprintf(variant, sizeof variant, "prefill dtype=%s D=%d gt=%d page=%s stages=%d natural=%d minb=%d",
-                 dtype_str(p->dtype), D, gt, page, stages, natural, minb);
+        if (wgmma) {
+            snprintf(variant, sizeof variant, "prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
+                     dtype_str(p->dtype), D, gt, page, stages, natural);
+        } else {
+            const int minb = env_int("PAGEDATTN_PREFILL_MINB", D <= 128 ? 2 : 1, 1, 4);
+            snprintf(variant, sizeof variant, "prefill dtype=%s D=%d gt=%d page=%s stages=%d natural=%d minb=%d",
+                     dtype_str(p->dtype), D, gt, page, stages, natural, minb);
+        }
         st = pa_cuda_module(ctx, impl, variant, &m);
         if (st) return st;
         kp->threads = m->info[0];
@@ -135,7 +145,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->gt = gt;
         kp->head_tiles = p->kv_heads * (G / gt);
         kp->longest_first = true;
-        st = pa_cuda_function(ctx, impl, m, "pa_prefill", kp->smem, &kp->fn);
+        st = pa_cuda_function(ctx, impl, m, wgmma ? "pa_prefill_wgmma" : "pa_prefill", kp->smem, &kp->fn);
     } else {
         snprintf(variant, sizeof variant, "fallback dtype=%s", dtype_str(p->dtype));
         st = pa_cuda_module(ctx, impl, variant, &m);

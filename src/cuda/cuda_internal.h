@@ -107,7 +107,7 @@ typedef struct pa_kernel_source {
     const char *text;
     size_t len;
 } pa_kernel_source;
-#define PA_KERNEL_SOURCES 10
+#define PA_KERNEL_SOURCES 13
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
 
 /* ---- cuda_attention.c ---- */

@@ -23,7 +23,10 @@
 #include "../../kernels/decode.cu"
 #include "../../kernels/decode_mma.cu"
 #include "../../kernels/fallback.cu"
+#include "../../kernels/prefill_common.cuh"
+#include "../../kernels/wgmma.cuh"
 #include "../../kernels/prefill.cu"
+#include "../../kernels/prefill_wgmma.cu"
 #undef PA_EMBED_ONLY
 
 /* Each file becomes a NUL-terminated byte array: pa_ksrc_<id> .. pa_ksrc_<id>_end. */
@@ -48,7 +51,10 @@ EMBED(append, "append.cu")
 EMBED(decode, "decode.cu")
 EMBED(decode_mma, "decode_mma.cu")
 EMBED(fallback, "fallback.cu")
+EMBED(prefill_common, "prefill_common.cuh")
+EMBED(wgmma, "wgmma.cuh")
 EMBED(prefill, "prefill.cu")
+EMBED(prefill_wgmma, "prefill_wgmma.cu")
 
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
     const pa_kernel_source table[PA_KERNEL_SOURCES] = {
@@ -61,7 +67,10 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"decode.cu", pa_ksrc_decode, (size_t)(pa_ksrc_decode_end - pa_ksrc_decode)},
         {"decode_mma.cu", pa_ksrc_decode_mma, (size_t)(pa_ksrc_decode_mma_end - pa_ksrc_decode_mma)},
         {"fallback.cu", pa_ksrc_fallback, (size_t)(pa_ksrc_fallback_end - pa_ksrc_fallback)},
+        {"prefill_common.cuh", pa_ksrc_prefill_common, (size_t)(pa_ksrc_prefill_common_end - pa_ksrc_prefill_common)},
+        {"wgmma.cuh", pa_ksrc_wgmma, (size_t)(pa_ksrc_wgmma_end - pa_ksrc_wgmma)},
         {"prefill.cu", pa_ksrc_prefill, (size_t)(pa_ksrc_prefill_end - pa_ksrc_prefill)},
+        {"prefill_wgmma.cu", pa_ksrc_prefill_wgmma, (size_t)(pa_ksrc_prefill_wgmma_end - pa_ksrc_prefill_wgmma)},
     };
     memcpy(out, table, sizeof table);
     return PA_KERNEL_SOURCES;

@@ -1,0 +1,182 @@
+/*
+ * prefill_common.cuh -- what the two prefill kernels (prefill.cu on mma.sync,
+ * prefill_wgmma.cu on Hopper's wgmma) share: the rows of a tile, the online
+ * softmax on accumulator fragments, and the epilogue's staging.
+ *
+ * Both hold S and O in the m16n8 accumulator layout: per 8-column group n,
+ * x[n][0..1] are row g (columns 2 t4, 2 t4 + 1) and x[n][2..3] row g + 8 of
+ * the warp's 16 rows (g = lane / 4, t4 = lane % 4). Rows of a block are
+ * (query, head) pairs: row r = query w.i0 + r / GT, head g0 + r % GT.
+ * The including file defines PA_DTYPE and PA_NATURAL.
+ */
+#ifndef PA_PREFILL_COMMON_CUH
+#define PA_PREFILL_COMMON_CUH
+#ifndef PA_EMBED_ONLY
+
+#include "attn_common.cuh"
+#include "mma.cuh"
+
+/* Key ranges of the block's rows (clipped to the item's [k0, k1); empty for
+ * padding rows) and, when natural, their ALiBi slopes (base 2). */
+template <int BM, int GT, int NATURAL>
+__device__ void pa_prefill_rows(const pa_attn_params &p, const pa_work &w, int hk, int g0, int *s_lo, int *s_hi,
+                                float *s_slope) {
+    constexpr int ROWS = BM / GT * GT;
+    for (int r = threadIdx.x; r < BM; r += blockDim.x) {
+        const int qi = w.i0 + r / GT;
+        const bool in = r < ROWS && qi < w.seqlen_q;
+        int lo = 0, hi = 0;
+        if (in) {
+            pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
+            lo = max(lo, w.k0);
+            hi = min(hi, w.k1);
+            if (hi < lo) hi = lo;
+        }
+        s_lo[r] = lo;
+        s_hi[r] = hi;
+        if (NATURAL)
+            s_slope[r] = p.alibi && in
+                             ? ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + hk * p.group + g0 + r % GT] *
+                                   PA_LOG2E
+                             : 0.f;
+    }
+}
+
+/* A lane's two rows (R0 = its warp's first row + g, R1 = R0 + 8) and the
+ * running softmax state. Scores become base-2 exponents: x * c2 unless
+ * NATURAL (then softcap and ALiBi apply on natural units first, c2 = 1). */
+struct pa_lane_rows {
+    int lo0, hi0, lo1, hi1;
+    int wlo, whi;     /* the warp's tightest range: tiles inside it need no mask */
+    int diag0, diag1; /* ALiBi: key position of each row's query */
+    float slope0, slope1;
+    float c2;         /* scale * log2(e), or 1 when natural */
+    float m0, m1;     /* running maxima (score units) */
+    float l0, l1;     /* this lane's part of the row sums */
+};
+
+template <int GT, int NATURAL>
+PA_DEV pa_lane_rows pa_lane_rows_init(const pa_attn_params &p, const pa_work &w, int R0, const int *s_lo,
+                                      const int *s_hi, const float *s_slope) {
+    pa_lane_rows r;
+    const int R1 = R0 + 8;
+    r.lo0 = s_lo[R0];
+    r.hi0 = s_hi[R0];
+    r.lo1 = s_lo[R1];
+    r.hi1 = s_hi[R1];
+    r.wlo = max(r.lo0, r.lo1);
+    r.whi = min(r.hi0, r.hi1);
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        r.wlo = max(r.wlo, __shfl_xor_sync(0xffffffffu, r.wlo, x));
+        r.whi = min(r.whi, __shfl_xor_sync(0xffffffffu, r.whi, x));
+    }
+    r.diag0 = w.i0 + R0 / GT + w.seqlen_k - w.seqlen_q;
+    r.diag1 = w.i0 + R1 / GT + w.seqlen_k - w.seqlen_q;
+    r.slope0 = NATURAL ? s_slope[R0] : 0.f;
+    r.slope1 = NATURAL ? s_slope[R1] : 0.f;
+    r.c2 = NATURAL ? 1.f : p.scale * PA_LOG2E;
+    r.m0 = r.m1 = -PA_INF;
+    r.l0 = r.l1 = 0.f;
+    return r;
+}
+
+/* One key tile [kt, kt + 8 NG) of scores s (raw Q K^T): transforms and masks
+ * them, updates the maxima, rescales o and the sums when a maximum moved, and
+ * returns in e0 / e1 what to subtract from x * c2 for the exponent of P. */
+template <int NG, int NO, int NATURAL>
+PA_DEV void pa_softmax_tile(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], float (&o)[NO][4], int kt,
+                            float &e0, float &e1) {
+    const int t4 = (threadIdx.x & 31) & 3;
+    const bool masked = kt < r.wlo || kt + 8 * NG > r.whi; /* warp-uniform */
+    float mx0 = r.m0, mx1 = r.m1;
+#pragma unroll
+    for (int n = 0; n < NG; n++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int tok = kt + n * 8 + 2 * t4 + (j & 1);
+            const bool upper = j >= 2;
+            float x = s[n][j];
+            if (NATURAL) {
+                x *= p.scale;
+                if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                x *= PA_LOG2E;
+                if (p.alibi) x -= (upper ? r.slope1 : r.slope0) * fabsf((float)((upper ? r.diag1 : r.diag0) - tok));
+            }
+            if (masked) {
+                const bool ok = upper ? (tok >= r.lo1 && tok < r.hi1) : (tok >= r.lo0 && tok < r.hi0);
+                x = ok ? x : -PA_INF;
+            }
+            s[n][j] = x;
+            if (upper) mx1 = fmaxf(mx1, x);
+            else mx0 = fmaxf(mx0, x);
+        }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    /* -inf maxima (nothing seen yet) subtract 0: every exponent is -inf -> 0 */
+    e0 = mx0 == -PA_INF ? 0.f : mx0 * r.c2;
+    e1 = mx1 == -PA_INF ? 0.f : mx1 * r.c2;
+    /* alpha: exactly 1 while the maxima stay, 0 from -inf */
+    if (__any_sync(0xffffffffu, mx0 != r.m0 || mx1 != r.m1)) {
+        const float alpha0 = pa_exp2(r.m0 * r.c2 - e0), alpha1 = pa_exp2(r.m1 * r.c2 - e1);
+        r.l0 *= alpha0;
+        r.l1 *= alpha1;
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            o[n][0] *= alpha0;
+            o[n][1] *= alpha0;
+            o[n][2] *= alpha1;
+            o[n][3] *= alpha1;
+        }
+    }
+    r.m0 = mx0;
+    r.m1 = mx1;
+}
+
+/* P of key columns 16 ks .. 16 ks + 15 as the A fragment (input type) of
+ * O += P V, adding to the row sums. */
+template <int NG>
+PA_DEV void pa_p_fragment(pa_lane_rows &r, const float (&s)[NG][4], int ks, float e0, float e1, u32 (&a)[4]) {
+    float pr[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        pr[h][0] = pa_exp2(fmaf(s[2 * ks + h][0], r.c2, -e0));
+        pr[h][1] = pa_exp2(fmaf(s[2 * ks + h][1], r.c2, -e0));
+        pr[h][2] = pa_exp2(fmaf(s[2 * ks + h][2], r.c2, -e1));
+        pr[h][3] = pa_exp2(fmaf(s[2 * ks + h][3], r.c2, -e1));
+        r.l0 += pr[h][0] + pr[h][1];
+        r.l1 += pr[h][2] + pr[h][3];
+    }
+    a[0] = pack2(pr[0][0], pr[0][1]);
+    a[1] = pack2(pr[0][2], pr[0][3]);
+    a[2] = pack2(pr[1][0], pr[1][1]);
+    a[3] = pack2(pr[1][2], pr[1][3]);
+}
+
+/* Epilogue: the lane's rows of O, normalised, into s_o (f32, row stride
+ * ostride) and their log2-sum-exp into s_lse2 (-inf: no key). */
+template <int NO>
+PA_DEV void pa_stage_rows(pa_lane_rows &r, const float (&o)[NO][4], int R0, float *s_o, int ostride, float *s_lse2) {
+    const int t4 = (threadIdx.x & 31) & 3, R1 = R0 + 8;
+    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 1);
+    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 2);
+    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 1);
+    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 2);
+    const float inv0 = r.l0 > 0.f ? 1.f / r.l0 : 0.f, inv1 = r.l1 > 0.f ? 1.f / r.l1 : 0.f;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+        const int col = n * 8 + 2 * t4;
+        *(float2 *)(s_o + R0 * ostride + col) = make_float2(o[n][0] * inv0, o[n][1] * inv0);
+        *(float2 *)(s_o + R1 * ostride + col) = make_float2(o[n][2] * inv1, o[n][3] * inv1);
+    }
+    if (t4 == 0) {
+        s_lse2[R0] = r.m0 == -PA_INF ? -PA_INF : r.m0 * r.c2 + pa_log2(r.l0);
+        s_lse2[R1] = r.m1 == -PA_INF ? -PA_INF : r.m1 * r.c2 + pa_log2(r.l1);
+    }
+}
+
+#endif /* PA_EMBED_ONLY */
+#endif /* PA_PREFILL_COMMON_CUH */

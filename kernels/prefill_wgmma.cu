@@ -1,0 +1,217 @@
+/*
+ * prefill_wgmma.cu -- paged prefill / chunked prefill attention on Hopper's
+ * warpgroup MMA (sm_90a; f16, bf16; head dim 64, 128 or 256): the plan of
+ * prefill.cu with the two products on wgmma.mma_async.
+ *
+ * One block = one work item x one head tile, as in prefill.cu: BM = 128 rows
+ * of (query, head) pairs, two warpgroups of 64 rows each.
+ *  - Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzled
+ *    layout: per 64 columns of the head dim a block of rows of 128 bytes,
+ *    16-byte chunk c of row r stored at chunk c ^ (r % 8). The cp.async
+ *    gather writes that layout directly: each thread resolves the pages of
+ *    its rows of every tile itself (page ids a tile ahead, absolute 64-bit
+ *    offsets; rows past k1 zero-filled, the block table never read past the
+ *    last page holding a key).
+ *  - S = Q K^T: wgmma m64nBNk16 with both operands from shared memory
+ *    (K-major). O += P V: P from registers (the accumulator fragment of S,
+ *    rounded to the input type: the same layout as mma.sync's A operand) and
+ *    V from shared memory read MN-major (transposed by the hardware).
+ *  - Per key tile t: wait for its copies (one barrier); refill the ring slot
+ *    of tile t - 1 with tile t + STAGES - 1; S(t); online softmax
+ *    (prefill_common.cuh); P V(t). The copies run under the products, and
+ *    the two warpgroups (one block per SM) overlap each other's softmax.
+ *  - Epilogue as prefill.cu: O staged through shared memory, pa_write_rows
+ *    writes out/lse or the split's partial and combines the splits.
+ *
+ * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (64, 128 or 256), PA_GT, PA_PAGE
+ * (-1 contiguous, 0 any, else a power of two), PA_STAGES, PA_NATURAL (0/1).
+ */
+#ifndef PA_EMBED_ONLY
+#include "prefill_common.cuh"
+#include "wgmma.cuh"
+
+#if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
+    !defined(PA_NATURAL)
+#error "prefill_wgmma.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL"
+#endif
+
+namespace {
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+constexpr int D = PA_D;
+constexpr int BM = 128, NTHREADS = 256; /* two warpgroups of 64 rows */
+constexpr int BN = D <= 128 ? 128 : 64; /* keys per tile */
+constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
+constexpr int CPR = D / 8;              /* 16-byte chunks per row */
+constexpr int CHUNKS = BN * CPR;        /* per K (or V) tile */
+constexpr int CPT = CHUNKS / NTHREADS;  /* chunks per thread per tile */
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_BYTES = BN * D * 2;    /* one K (or V) tile */
+constexpr int STAGE_BYTES = 2 * KV_BYTES;
+constexpr int OSTRIDE = D + 4;
+constexpr int SMEM = 1024 /* alignment */ + cmax(Q_BYTES + PA_STAGES * STAGE_BYTES, BM * OSTRIDE * 4);
+
+static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
+static_assert(CHUNKS % NTHREADS == 0, "copy mapping");
+static_assert(GT >= 1 && GT <= 16, "heads per tile");
+static_assert(PA_STAGES >= 2, "pipeline depth");
+static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
+} // namespace
+
+extern "C" __constant__ int pa_prefill_wgmma_info[4] = {NTHREADS, SMEM, BN, QT};
+
+/* Byte offset of 16-byte chunk ch (of the head dim) of row r in a swizzled
+ * tile of `rows` rows. */
+PA_DEV u32 swz(int rows, int r, int ch) {
+    return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const pa_attn_params p) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap(); /* wgmma needs sm_90a; the host dispatches here only there (other targets compile a stub) */
+#else
+    extern __shared__ __align__(128) u8 smem_raw[];
+    __shared__ int s_flag;
+    __shared__ pa_work s_w;
+    __shared__ int s_lo[BM], s_hi[BM];
+    __shared__ float s_slope[PA_NATURAL ? BM : 1];
+    __shared__ float s_lse2[BM];
+    /* the swizzle pattern repeats every 1024 bytes: tiles start on that */
+    const u32 raw = pa_smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+    u8 *smem = smem_raw + (base - raw);
+    const u32 q_addr = base, kv_addr = base + Q_BYTES;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int head_tile = blockIdx.x % p.head_tiles;
+    if (tid == 0) s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
+    __syncthreads();
+    const pa_work w = s_w;
+    const int tiles_per_group = p.group / GT;
+    const int hk = head_tile / tiles_per_group;
+    const int g0 = (head_tile - hk * tiles_per_group) * GT;
+    const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
+
+    /* 1. rows, and the Q tile (swizzled) */
+    pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
+    for (int e = tid; e < BM * CPR; e += NTHREADS) {
+        const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
+        const bool in = r < ROWS && qi < w.seqlen_q;
+        const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
+        u8 *dst = smem + swz(BM, r, c);
+        if (p.q_f32) { /* the rotated q (f32), rounded to the input type */
+            float x[8];
+            pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
+            *(uint4 *)dst = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+        } else {
+            pa_cp_async16(dst, (const u16 *)p.q + off, in);
+        }
+    }
+
+    /* 2. the K/V ring. This thread's chunks of a tile: c = tid + i * NTHREADS,
+     * row c / CPR, chunk c % CPR. */
+    const int nt = (w.k1 - w.k0 + BN - 1) / BN;
+    const i64 head_bytes = (i64)hk * D * 2;
+    int pid[CPT]; /* page ids of this thread's rows of the next tile to issue */
+    auto load_pids = [&](int t) {
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int tok = w.k0 + t * BN + (tid + i * NTHREADS) / CPR;
+            pid[i] = 0;
+            if (PA_PAGE != -1 && t < nt && tok < w.k1)
+                pid[i] = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
+        }
+    };
+    auto issue = [&](int t) {
+        u8 *sk = smem + Q_BYTES + (t % PA_STAGES) * STAGE_BYTES, *sv = sk + KV_BYTES;
+#pragma unroll
+        for (int i = 0; i < CPT; i++) {
+            const int c = tid + i * NTHREADS, row = c / CPR, ch = c - row * CPR, tok = w.k0 + t * BN + row;
+            const bool ok = tok < w.k1;
+            i64 off = 0;
+            if (ok) {
+                if (PA_PAGE == -1) off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2;
+                else off = ((i64)pid[i] * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride) * 2;
+                off += head_bytes + ch * 16;
+            }
+            const u32 dst = swz(BN, row, ch);
+            pa_cp_async16(sk + dst, (const u8 *)p.k_cache + off, ok);
+            pa_cp_async16(sv + dst, (const u8 *)p.v_cache + off, ok);
+        }
+    };
+    load_pids(0);
+#pragma unroll
+    for (int t = 0; t < PA_STAGES - 1; t++) {
+        if (t < nt) {
+            issue(t);
+            load_pids(t + 1);
+        }
+        pa_cp_async_commit(); /* the first group also holds Q */
+    }
+    __syncthreads(); /* s_lo, s_hi, s_slope */
+
+    const int R0 = wg * 64 + (warp & 3) * 16 + (lane >> 2);
+    pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float s[BN / 8][4];
+
+    for (int t = 0; t < nt; t++) {
+        pa_cp_async_wait<PA_STAGES - 2>();
+        pa_fence_proxy_async(); /* this thread's copies (and Q stores) -> the async proxy */
+        __syncthreads();        /* tile t landed for every thread; every warpgroup is done with tile t - 1 */
+        if (t + PA_STAGES - 1 < nt) {
+            issue(t + PA_STAGES - 1); /* into the ring slot of tile t - 1 */
+            load_pids(t + PA_STAGES);
+        }
+        pa_cp_async_commit();
+
+        /* S(t) = Q K^T, both K-major from shared memory */
+        const u32 kt_addr = kv_addr + (t % PA_STAGES) * STAGE_BYTES, vt_addr = kt_addr + KV_BYTES;
+        pa_fence_operands(s);
+        pa_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const u32 blk = kk >> 2, sub = (kk & 3) * 32;
+            const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + wg * 64 * 128 + sub, 16, 1024);
+            const u64 db = pa_wgmma_desc(kt_addr + blk * BN * 128 + sub, 16, 1024);
+            pa_wgmma_ss<BN>(s, da, db, kk > 0);
+        }
+        pa_wgmma_commit();
+        pa_wgmma_wait<0>();
+        pa_fence_operands(s);
+
+        float e0, e1;
+        pa_softmax_tile<BN / 8, D / 8, PA_NATURAL>(p, rs, s, o, w.k0 + t * BN, e0, e1);
+        u32 pa[BN / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) pa_p_fragment<BN / 8>(rs, s, ks, e0, e1, pa[ks]);
+
+        /* O += P V(t): P from registers, V MN-major (16 keys per step). Waited
+         * for here: a P V group left in flight across the loop's back edge
+         * makes ptxas serialise every wgmma of the kernel (C7514). */
+        pa_fence_operands(o);
+        pa_wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++)
+            pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt_addr + ks * 16 * 128, BN * 128, 1024), 1);
+        pa_wgmma_commit();
+        pa_wgmma_wait<0>();
+        pa_fence_operands(o);
+    }
+    pa_wgmma_wait<0>();
+    pa_fence_operands(o);
+    pa_cp_async_wait<0>();
+    __syncthreads(); /* the tiles' memory becomes the epilogue's */
+
+    /* 3. normalise, stage O (f32) and the rows' log2-sum-exp, write */
+    pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
+    __syncthreads();
+    pa_write_rows<PA_DTYPE>(
+        p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return ((const float *)smem)[r * OSTRIDE + d]; },
+        [&](int r) { return s_lse2[r]; }, &s_flag);
+#endif
+}
+
+#endif /* PA_EMBED_ONLY */
