@@ -1,14 +1,24 @@
--- scripts/bench.lua [--quick] -- CUDA decode and rotary append against the
--- GPU's streaming-read rate, measured in the same run (DESIGN.md workloads:
--- bf16, 32 query / 8 kv heads, head dim 128; page 16 in random page order,
--- page 256, and contiguous caches).
---   GB/s = bytes of K/V read (decode) or of k/v read + written (append) per
---   second of kernel time: device events around each call's kernels, with the
---   call's kernels held until all are queued (pa_device_timing), median of many
+-- scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] --
+-- CUDA decode and rotary append against the GPU's streaming-read rate, and
+-- prefill against its bf16 matmul rate (cuBLAS), measured in the same run
+-- (DESIGN.md workloads: bf16, 32 query / 8 kv heads, head dim 128; page 16 in
+-- random page order, page 256, and contiguous caches).
+--   decode: GB/s = bytes of K/V read (decode) or of k/v read + written
+--   (append) per second of kernel time.
+--   prefill: TFLOP/s = 4 * H * D flops per attended (query, key) pair (the
+--   causal mask's pairs counted exactly) per second of kernel time; "x short"
+--   and "x sust" are the ratios to the matmul's short (cool GPU) and
+--   sustained (power cap) rates; "page 16 vs unpaged" is the slowdown of the
+--   paged cache.
+--   Kernel time: device events around each call's kernels, with the call's
+--   kernels held until all are queued (pa_device_timing), median of many
 --   calls after warm-up. "wall" is the whole call seen from Lua (validation,
 --   the block table's download, launches) for comparison.
+--   --decode / --prefill: only that section (default both); --quick: fewer
+--   calls, shorter ceilings; --ceiling-seconds S: how long each ceiling runs.
 --   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
---   workloads with those environment variables set (kernel tuning sweeps).
+--   workloads with those environment variables set (kernel tuning sweeps);
+--   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads.
 --   scripts/run scripts/bench.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
@@ -17,7 +27,34 @@ local sweep = require "pagedattn.sweep" -- shared: make_cache, stats
 
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
-local quick = arg[1] == "--quick"
+local quick, only, ceiling_seconds = false, nil, nil
+do
+  local i = 1
+  while i <= #arg do
+    local a = arg[i]
+    if a == "--quick" then quick = true
+    elseif a == "--decode" or a == "--prefill" then
+      if only and only ~= a:sub(3) then only = "both" else only = a:sub(3) end
+    elseif a == "--ceiling-seconds" then
+      i = i + 1
+      ceiling_seconds = tonumber(arg[i])
+      if not ceiling_seconds or ceiling_seconds <= 0 then
+        io.stderr:write("bench: --ceiling-seconds needs a number > 0\n")
+        os.exit(2)
+      end
+    elseif a == "--help" or a == "-h" then
+      print("usage: scripts/run scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S]")
+      os.exit(0)
+    else
+      io.stderr:write("bench: unknown argument '" .. a .. "' (--help)\n")
+      os.exit(2)
+    end
+    i = i + 1
+  end
+end
+local run_decode = only == nil or only == "both" or only == "decode"
+local run_prefill = only == nil or only == "both" or only == "prefill"
+
 local dev, err = pa.device("cuda")
 if not dev then
   print("bench: no CUDA device: " .. tostring(err))
@@ -26,20 +63,39 @@ end
 local C, ctx = core.C, core.ctx
 local secs = ffi.new("double[1]")
 
--- Median kernel seconds and median wall seconds of fn over `iters` calls.
-local function time_calls(fn, iters)
+-- Median kernel seconds and median wall seconds of fn over `iters` calls
+-- (fewer when `budget` seconds of calls have passed, but at least 3).
+local function time_calls(fn, iters, budget)
   assert(C.pa_device_timing(ctx, dev.handle, 1) == 0, core.last_error())
   for _ = 1, 3 do fn() end -- warm-up: compilation, module load, scratch
   local kt, wt = {}, {}
+  local start = pa.clock()
   for i = 1, iters do
     local t0 = pa.clock()
     fn()
     assert(C.pa_device_timing_last(ctx, dev.handle, secs) == 0, core.last_error()) -- waits
     wt[i] = pa.clock() - t0
     kt[i] = secs[0]
+    if budget and i >= 3 and pa.clock() - start > budget then break end
   end
   assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
   return sweep.stats(kt).median, sweep.stats(wt).median, kt
+end
+
+-- Runs fn once per config of the environment variable `var` ("A=1,B=2|C=3"),
+-- with that config's variables set; fn gets the config's text.
+local function with_configs(var, fn)
+  local configs = os.getenv(var)
+  if not configs or configs == "" then return end
+  for config in configs:gmatch("[^|]+") do
+    local set = {}
+    for kv in config:gmatch("[^,]+") do
+      local k, v = kv:match("^%s*([%w_]+)=(.*)$")
+      if k then ffi.C.setenv(k, v, 1); set[#set + 1] = k end
+    end
+    fn(config)
+    for _, k in ipairs(set) do ffi.C.unsetenv(k) end
+  end
 end
 
 local H, HK, D, DT = 32, 8, 128, "bf16"
@@ -50,25 +106,42 @@ local function make_cache(B, L, page)
   return sweep.make_cache(pa, dev, B, L, HK, D, page, DT)
 end
 
-local rows = {}
-local function row(name, layout, bytes, kernel_s, wall_s, read_gbps)
+local function layout(page) return page == 0 and "unpaged" or ("page " .. page) end
+
+print(string.format("pagedattn %s bench on %s", pa.version, dev.description))
+local ceil = assert(dev:ceilings(ceiling_seconds or (quick and 0.3 or 1.0)))
+local read = ceil.read_gbps
+local mm_short, mm_sust = ceil.matmul_gflops / 1e3, ceil.matmul_sustained_gflops / 1e3 -- TFLOP/s
+local function ceiling_lines()
+  local lines = {
+    string.format("ceilings: streaming read %.1f GB/s; device copy %.1f GB/s (read + write); read/copy %.3f",
+      ceil.read_gbps, ceil.copy_gbps, ceil.read_gbps / ceil.copy_gbps),
+  }
+  if mm_short > 0 then
+    lines[#lines + 1] = string.format("          bf16 matmul %.1f TFLOP/s short, %.1f TFLOP/s sustained (%.3f)",
+      mm_short, mm_sust, mm_sust / mm_short)
+  else
+    lines[#lines + 1] = "          bf16 matmul: none (prefill ratios are '-')"
+  end
+  if ceil.matmul_note then lines[#lines + 1] = "          matmul: " .. ceil.matmul_note end
+  return lines
+end
+for _, l in ipairs(ceiling_lines()) do print(l) end
+
+---------------------------------------------------------------------------
+-- decode and rotary append: memory-bound, judged by GB/s over the read rate
+
+local decode_rows = {}
+local decode_header = string.format("%-34s %-10s %8s %10s %9s %7s %10s", "workload", "layout", "GB",
+  "kernel us", "GB/s", "x read", "wall us")
+local function decode_row(name, lay, bytes, kernel_s, wall_s)
   local gbps = bytes / kernel_s / 1e9
-  local r = string.format("%-34s %-10s %8.3f %10.1f %9.1f %7.3f %10.1f", name, layout, bytes / 1e9,
-    kernel_s * 1e6, gbps, gbps / read_gbps, wall_s * 1e6)
-  rows[#rows + 1] = r
+  local r = string.format("%-34s %-10s %8.3f %10.1f %9.1f %7.3f %10.1f", name, lay, bytes / 1e9,
+    kernel_s * 1e6, gbps, gbps / read, wall_s * 1e6)
+  decode_rows[#decode_rows + 1] = r
   print(r)
   io.stdout:flush()
 end
-local header = string.format("%-34s %-10s %8s %10s %9s %7s %10s", "workload", "layout", "GB", "kernel us",
-  "GB/s", "x read", "wall us")
-
-print(string.format("pagedattn %s bench on %s", pa.version, dev.description))
-local ceil = assert(dev:ceilings(quick and 0.3 or 1.0))
-print(string.format("ceilings: streaming read %.1f GB/s; device copy %.1f GB/s (read + write); read/copy %.3f",
-  ceil.read_gbps, ceil.copy_gbps, ceil.read_gbps / ceil.copy_gbps))
-local read = ceil.read_gbps
-print()
-print(header)
 
 local iters = quick and 10 or 40
 local workloads = { { 64, 4096 }, { 8, 32768 }, { 256, 1024 } }
@@ -80,14 +153,10 @@ local function decode(B, L, page, label)
   local opts = { block_table = bt, cache_seqlens = L, out = out }
   local k, w = time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, iters)
   local bytes = 2 * B * L * HK * D * ESZ
-  row(string.format("decode %dx%d%s", B, L, label or ""), page == 0 and "unpaged" or ("page " .. page), bytes, k, w, read)
+  decode_row(string.format("decode %dx%d%s", B, L, label or ""), layout(page), bytes, k, w)
   kc, vc, bt, q, out = nil, nil, nil, nil, nil
   collectgarbage()
   collectgarbage()
-end
-
-for _, wl in ipairs(workloads) do
-  for _, page in ipairs({ 16, 256, 0 }) do decode(wl[1], wl[2], page) end
 end
 
 -- rotary append: B sequences x n new tokens (k rotated, k and v written into
@@ -111,28 +180,107 @@ local function append(B, n, page)
   local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
     rotary_interleaved = false }
   local kt, w = time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, iters)
-  row(string.format("rotary append %dx%d tokens", B, n), "page " .. page, 4 * B * n * HK * D * ESZ, kt, w, read)
+  decode_row(string.format("rotary append %dx%d tokens", B, n), layout(page), 4 * B * n * HK * D * ESZ, kt, w)
   collectgarbage()
 end
-append(64, 512, 16)
-append(256, 1, 16)
 
--- tuning sweeps
-local configs = os.getenv("PAGEDATTN_BENCH_CONFIGS")
-if configs and configs ~= "" then
-  for config in configs:gmatch("[^|]+") do
-    local set = {}
-    for kv in config:gmatch("[^,]+") do
-      local k, v = kv:match("^%s*([%w_]+)=(.*)$")
-      if k then ffi.C.setenv(k, v, 1); set[#set + 1] = k end
-    end
-    for _, wl in ipairs(workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
-    for _, k in ipairs(set) do ffi.C.unsetenv(k) end
+if run_decode then
+  print()
+  print(decode_header)
+  for _, wl in ipairs(workloads) do
+    for _, page in ipairs({ 16, 256, 0 }) do decode(wl[1], wl[2], page) end
   end
+  append(64, 512, 16)
+  append(256, 1, 16)
+  -- tuning sweeps
+  with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
+    for _, wl in ipairs(workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
+  end)
+end
+
+---------------------------------------------------------------------------
+-- prefill and chunked prefill: compute-bound, judged by TFLOP/s over the
+-- matmul's rates. q is given whole and k/v are already in the cache (no
+-- append): cache_seqlens = all keys, causal bottom-right aligned.
+
+-- (query, key) pairs a causal (bottom-right aligned) or full mask lets
+-- through: query i of Sq sees keys j <= i + Sk - Sq.
+local function attended_pairs(Sq, Sk, causal)
+  if not causal then return Sq * Sk end
+  local n = 0
+  local first = Sk - Sq + 1 -- keys seen by query 0
+  if first >= 1 then
+    n = Sq * (first - 1) + Sq * (Sq + 1) / 2
+  else -- more queries than keys: the first -first + 1 queries see nothing
+    local seeing = Sq + first - 1
+    n = seeing * (seeing + 1) / 2
+  end
+  return n
+end
+
+local prefill_rows, prefill_notes = {}, {}
+local prefill_header = string.format("%-40s %-10s %8s %10s %9s %8s %8s %10s", "workload", "layout", "TFLOP",
+  "kernel ms", "TFLOP/s", "x short", "x sust", "wall ms")
+local function ratio(x, c) return c > 0 and string.format("%8.3f", x / c) or string.format("%8s", "-") end
+local function prefill_row(name, lay, flops, kernel_s, wall_s)
+  local tflops = flops / kernel_s / 1e12
+  local r = string.format("%-40s %-10s %8.3f %10.3f %9.1f %s %s %10.3f", name, lay, flops / 1e12,
+    kernel_s * 1e3, tflops, ratio(tflops, mm_short), ratio(tflops, mm_sust), wall_s * 1e3)
+  prefill_rows[#prefill_rows + 1] = r
+  print(r)
+  io.stdout:flush()
+end
+
+local prefill_workloads = {
+  { name = "prefill 8192 causal, batch 1", B = 1, Sq = 8192, Sk = 8192 },
+  { name = "prefill 4 x 2048 causal", B = 4, Sq = 2048, Sk = 2048 },
+  { name = "chunked prefill 4 x 1024 new on 8192", B = 4, Sq = 1024, Sk = 9216 },
+}
+local prefill_iters = quick and 5 or 20
+local prefill_budget = quick and 1.5 or 4 -- seconds of timed calls per point, at most
+
+-- Kernel seconds of one prefill workload at one layout.
+local function prefill(wl, page, label)
+  local kc, vc, bt = make_cache(wl.B, wl.Sk, page)
+  local q = assert(pa.randn({ wl.B, wl.Sq, H, D }, DT, dev, 3))
+  local out = assert(pa.tensor({ wl.B, wl.Sq, H, D }, DT, dev))
+  local opts = { block_table = bt, cache_seqlens = wl.Sk, causal = true, out = out }
+  local k, w = time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, prefill_iters,
+    prefill_budget)
+  local flops = 4.0 * H * D * wl.B * attended_pairs(wl.Sq, wl.Sk, true)
+  prefill_row(wl.name .. (label or ""), layout(page), flops, k, w)
+  kc, vc, bt, q, out = nil, nil, nil, nil, nil
+  collectgarbage()
+  collectgarbage()
+  return k
+end
+
+if run_prefill then
+  print()
+  print(prefill_header)
+  for _, wl in ipairs(prefill_workloads) do
+    local t = {}
+    for _, page in ipairs({ 16, 256, 0 }) do t[page] = prefill(wl, page) end
+    local note = string.format("%-40s page 16 vs unpaged: %+.1f %% kernel time (target <= +3 %%); page 256: %+.1f %%",
+      wl.name, (t[16] / t[0] - 1) * 100, (t[256] / t[0] - 1) * 100)
+    prefill_notes[#prefill_notes + 1] = note
+    print(note)
+  end
+  with_configs("PAGEDATTN_BENCH_PREFILL_CONFIGS", function(config)
+    for _, wl in ipairs(prefill_workloads) do prefill(wl, 16, " [" .. config .. "]") end
+  end)
 end
 
 print()
-print("summary (kernel time; x read = GB/s over the streaming-read rate of this run)")
-print(string.format("ceilings: read %.1f GB/s, copy %.1f GB/s", ceil.read_gbps, ceil.copy_gbps))
-print(header)
-for _, r in ipairs(rows) do print(r) end
+print("summary (kernel time; x read = GB/s over the streaming-read rate of this run; x short / x sust =")
+print("TFLOP/s over the bf16 matmul's short / sustained rate of this run)")
+for _, l in ipairs(ceiling_lines()) do print(l) end
+if run_decode then
+  print(decode_header)
+  for _, r in ipairs(decode_rows) do print(r) end
+end
+if run_prefill then
+  print(prefill_header)
+  for _, r in ipairs(prefill_rows) do print(r) end
+  for _, r in ipairs(prefill_notes) do print(r) end
+end

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # scripts/gpu-run.sh [STEP...] -- one visit to a GPU machine: the GPU specs,
-# the compute-sanitizer run and the benchmark, logs under $OUT, a short
-# summary last. STEP: specs, memcheck, bench (default: all three).
+# the compute-sanitizer runs and the benchmark, logs under $OUT, a short
+# summary last. STEP: specs, memcheck, prefill-memcheck, bench (default: all
+# four).
+#   memcheck          spec/gpu_memcheck_spec.lua under compute-sanitizer
+#                     (GPU_RUN_MEMCHECK_PREFILL=1: with the prefill issue case too)
+#   prefill-memcheck  the issue case of spec/gpu_prefill_spec.lua (tag memcheck)
+#                     under compute-sanitizer (GPU_RUN_PREFILL_MEMCHECK_ALL=1:
+#                     the whole file; PAGEDATTN_PREFILL_REPEAT=N: fewer repetitions)
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
-#   travel with build/), GPU_RUN_TIMEOUT_SPECS/MEMCHECK/BENCH (seconds).
+#   travel with build/), GPU_RUN_TIMEOUT_SPECS/MEMCHECK/PREFILL_MEMCHECK/BENCH
+#   (seconds), GPU_RUN_BENCH_ARGS (e.g. "--prefill").
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -14,7 +21,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 out=${OUT:-/tmp/pagedattn-gpu}
 mkdir -p "$out"
 export PAGEDATTN_KERNEL_CACHE=${PAGEDATTN_KERNEL_CACHE:-$root/build/kcache}
-steps=${*:-specs memcheck bench}
+steps=${*:-specs memcheck prefill-memcheck bench}
 # busted's launcher may be a shell function (gpu-deps); compute-sanitizer needs a program
 busted_bin=${LJ:-/opt/lj}/usr/bin/busted
 [ -e "$busted_bin" ] || busted_bin=$(command -v busted)
@@ -29,26 +36,40 @@ for step in $steps; do
     timeout 60 luajit "$busted_bin" --lua=luajit -o plainTerminal spec/nvrtc_spec.lua >"$out/specs.log" 2>&1
     summary+=("nvrtc spec (rc $?): $(grep -E '^[0-9]+ success' "$out/specs.log" | tail -1)")
     # TAP: each result (and its message) as it happens, even if a later test hangs
-    timeout "${GPU_RUN_TIMEOUT_SPECS:-200}" luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu \
+    timeout "${GPU_RUN_TIMEOUT_SPECS:-300}" luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu \
       spec/gpu_backend_spec.lua spec/gpu_difftest_spec.lua spec/gpu_large_spec.lua \
-      spec/gpu_memcheck_spec.lua spec/batch_spec.lua spec/pool_spec.lua >>"$out/specs.log" 2>&1
+      spec/gpu_memcheck_spec.lua spec/gpu_prefill_spec.lua spec/batch_spec.lua spec/pool_spec.lua \
+      >>"$out/specs.log" 2>&1
     summary+=("gpu specs (rc $?): $(grep -c '^ok ' "$out/specs.log") ok, $(grep -c '^not ok ' "$out/specs.log") not ok")
     ;;
   memcheck)
+    # the prefill issue case too: every test tagged #memcheck in both files
+    extra=()
+    [ "${GPU_RUN_MEMCHECK_PREFILL:-0}" = 1 ] && extra=(--tags=memcheck spec/gpu_prefill_spec.lua)
     timeout "${GPU_RUN_TIMEOUT_MEMCHECK:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
       --print-limit 30 luajit "$busted_bin" --lua=luajit -o plainTerminal \
-      spec/gpu_memcheck_spec.lua >"$out/memcheck.log" 2>&1
+      spec/gpu_memcheck_spec.lua ${extra[@]+"${extra[@]}"} >"$out/memcheck.log" 2>&1
     summary+=("memcheck (rc $?): $(grep -E '^[0-9]+ success' "$out/memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)")
     ;;
+  prefill-memcheck)
+    # the issue's case alone (its describe is tagged #memcheck), or the whole file
+    only=(--tags=memcheck)
+    [ "${GPU_RUN_PREFILL_MEMCHECK_ALL:-0}" = 1 ] && only=()
+    timeout "${GPU_RUN_TIMEOUT_PREFILL_MEMCHECK:-300}" compute-sanitizer --tool memcheck --error-exitcode 99 \
+      --print-limit 30 luajit "$busted_bin" --lua=luajit -o plainTerminal ${only[@]+"${only[@]}"} \
+      spec/gpu_prefill_spec.lua >"$out/prefill-memcheck.log" 2>&1
+    summary+=("prefill memcheck (rc $?): $(grep -E '^[0-9]+ success' "$out/prefill-memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$out/prefill-memcheck.log" | tail -1)")
+    ;;
   bench)
-    timeout "${GPU_RUN_TIMEOUT_BENCH:-120}" luajit scripts/bench.lua >"$out/bench.log" 2>&1
+    # shellcheck disable=SC2086 # GPU_RUN_BENCH_ARGS: words
+    timeout "${GPU_RUN_TIMEOUT_BENCH:-240}" luajit scripts/bench.lua ${GPU_RUN_BENCH_ARGS:-} >"$out/bench.log" 2>&1
     summary+=("bench (rc $?): see below")
     ;;
   *) echo "gpu-run: unknown step $step" >&2 ;;
   esac
 done
 echo "==== $(head -2 "$out/gpu.txt" | tail -1)"
-for f in specs memcheck; do
+for f in specs memcheck prefill-memcheck; do
   [ -f "$out/$f.log" ] || continue
   echo "---- $f: failures and errors"
   grep -E -A12 '^(Failure|Error) ->|^not ok ' "$out/$f.log" | head -80

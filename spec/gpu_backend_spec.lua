@@ -92,9 +92,19 @@ describe("#gpu CUDA device", function()
     assert.truthy(err:find("cannot allocate", 1, true), err)
   end)
 
-  it("#gpu measures its ceilings: streaming read and copy", function()
+  it("#gpu measures its ceilings: streaming read and copy, the bf16 matmul (cuBLAS) or why not", function()
     local c = assert(dev:ceilings(0.05))
     assert.is_true(c.read_gbps > 0 and c.copy_gbps > 0)
+    if G.device_name == "cpu" then return end
+    io.stderr:write(string.format("  matmul: short %.1f TFLOP/s, sustained %.1f TFLOP/s: %s\n",
+      c.matmul_gflops / 1e3, c.matmul_sustained_gflops / 1e3, tostring(c.matmul_note)))
+    assert.is_string(c.matmul_note)
+    if c.matmul_gflops > 0 then
+      assert.truthy(c.matmul_note:find("^cuBLAS"), c.matmul_note)
+      assert.is_true(c.matmul_sustained_gflops > 0 and c.matmul_sustained_gflops < 1.2 * c.matmul_gflops)
+    else
+      assert.truthy(c.matmul_note:find("^not measured"), c.matmul_note) -- and the ceilings call succeeded
+    end
   end)
 
   it("#gpu times the kernels of an attention call on the device", function()

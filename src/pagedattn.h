@@ -82,16 +82,19 @@ const char *pa_device_description(const pa_device *dev); /* model, cores/SMs */
 int pa_device_num_threads(const pa_device *dev);         /* CPU worker count */
 pa_status pa_device_synchronize(pa_context *ctx, pa_device *dev);
 
-/* Ceilings measured on the device now (they take a fraction of a second):
- * the rate of a streaming read over a buffer much larger than the caches, a
+/* Ceilings measured on the device now (each runs about `seconds`): the rate
+ * of a streaming read over a buffer much larger than the caches, a
  * device-to-device copy counted as read + write bytes, and the arithmetic peak
- * (fp32 FMA on the CPU, a bf16 matrix product on a GPU). 0 = not measured. */
+ * (fp32 FMA on the CPU, a bf16 matrix product by cuBLAS on a GPU, opened at
+ * run time). 0 = not measured. */
 typedef struct pa_ceilings {
     double read_gbps;
     double copy_gbps;
     double fma_gflops;    /* fp32, 2 flops per FMA */
-    double matmul_gflops; /* bf16 tensor-core matmul (GPU) */
+    double matmul_gflops; /* bf16 tensor-core matmul (GPU): best short run */
     double seconds;       /* how long each measurement ran */
+    double matmul_sustained_gflops; /* the same back to back for `seconds` (power cap) */
+    char matmul_note[320];          /* how the matmul was measured, or why it was not */
 } pa_ceilings;
 pa_status pa_device_measure_ceilings(pa_context *ctx, pa_device *dev,
                                      double seconds, pa_ceilings *out);

@@ -61,14 +61,18 @@ function Device:synchronize()
   return self
 end
 
--- Ceilings measured now: read_gbps, copy_gbps, fma_gflops (CPU), matmul_gflops (GPU).
+-- Ceilings measured now: read_gbps, copy_gbps, fma_gflops (CPU), matmul_gflops
+-- and matmul_sustained_gflops (GPU, cuBLAS bf16; 0 without cuBLAS), and
+-- matmul_note (how the matmul was measured or why not; nil on the CPU).
 function Device:ceilings(seconds)
   local out = ffi.new("pa_ceilings")
   local ok, err = check(C.pa_device_measure_ceilings(ctx, self.handle, seconds or 0.5, out), "ceilings")
   if not ok then return nil, err end
+  local note = ffi.string(out.matmul_note)
   return {
     read_gbps = out.read_gbps, copy_gbps = out.copy_gbps, fma_gflops = out.fma_gflops,
-    matmul_gflops = out.matmul_gflops, seconds = out.seconds,
+    matmul_gflops = out.matmul_gflops, matmul_sustained_gflops = out.matmul_sustained_gflops,
+    matmul_note = note ~= "" and note or nil, seconds = out.seconds,
   }
 end
 

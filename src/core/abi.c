@@ -19,6 +19,8 @@ static const abi_entry entries[] = {
     FIELD(pa_ceilings, fma_gflops),
     FIELD(pa_ceilings, matmul_gflops),
     FIELD(pa_ceilings, seconds),
+    FIELD(pa_ceilings, matmul_sustained_gflops),
+    FIELD(pa_ceilings, matmul_note),
     SIZE(pa_attention_params),
     FIELD(pa_attention_params, q),
     FIELD(pa_attention_params, k_cache),

@@ -1,8 +1,9 @@
 /*
  * cuda_backend.c -- the CUDA device: the primary context and one stream per
  * device, device memory, host/device copies, fills, synchronisation, the
- * measured ceilings, and device-side timing. Attention lives in
- * cuda_attention.c, the kernels' compilation in cuda_kernels.c.
+ * measured ceilings (the matmul one in cuda_blas.c), and device-side timing.
+ * Attention lives in cuda_attention.c, the kernels' compilation in
+ * cuda_kernels.c.
  *
  * All work of a device goes to its one stream, in order; host-visible
  * operations (upload, download, synchronize) wait for it. The device lock
@@ -317,6 +318,7 @@ static pa_status cuda_measure_ceilings(pa_context *ctx, pa_device *dev, double s
         if (st == PA_OK) st = run_ceilings(ctx, impl, &c, seconds, out);
         pa_cu.cuStreamSynchronize(impl->stream);
         if (c.buf) pa_cu.cuMemFree(c.buf);
+        if (st == PA_OK) st = pa_cuda_matmul_ceiling(ctx, impl, seconds, out); /* cuda_blas.c */
         if (c.e0) pa_cu.cuEventDestroy(c.e0);
         if (c.e1) pa_cu.cuEventDestroy(c.e1);
         pa_cuda_leave(impl);

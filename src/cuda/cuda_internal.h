@@ -110,6 +110,12 @@ typedef struct pa_kernel_source {
 #define PA_KERNEL_SOURCES 13
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
 
+/* ---- cuda_blas.c: the bf16 matmul ceiling by cuBLAS (opened at run time) ----
+ * Fills matmul_gflops, matmul_sustained_gflops and matmul_note; without
+ * cuBLAS (or when it fails) only the note, and it still returns PA_OK. Call
+ * with impl->lock held and the context current. */
+pa_status pa_cuda_matmul_ceiling(pa_context *ctx, cuda_impl *impl, double seconds, pa_ceilings *out);
+
 /* ---- cuda_attention.c ---- */
 pa_status pa_cuda_attention(pa_context *ctx, const pa_attn_problem *p);
 
