@@ -33,7 +33,21 @@ if #variants == 0 then
       end
     end
   end
-  -- and its bf16 prefill (D 128, 4 heads per kv head; the tuning variants too)
+  -- Hopper prefill as the specs and the bench use it: f16/bf16, D 64/128/256,
+  -- 1 or 4 heads per kv head (1 and 4 query heads per kv head), every page kind
+  for _, dt in ipairs({ "bf16", "f16" }) do
+    for _, D in ipairs({ 64, 128, 256 }) do
+      for _, gt in ipairs({ 1, 4 }) do
+        for _, page in ipairs({ "1", "16", "256", "any", "contig" }) do
+          for _, natural in ipairs({ 0, 1 }) do
+            variants[#variants + 1] = string.format("prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=2 natural=%d",
+              dt, D, gt, page, natural)
+          end
+        end
+      end
+    end
+  end
+  -- and the bench's bf16 prefill on mma.sync (D 128, 4 heads per kv head; tuning variants)
   for _, page in ipairs({ "16", "256", "contig" }) do
     for _, sm in ipairs({ { 2, 2 }, { 2, 1 }, { 3, 1 } }) do
       variants[#variants + 1] = string.format("prefill dtype=bf16 D=128 gt=4 page=%s stages=%d natural=0 minb=%d",

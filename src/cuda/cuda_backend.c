@@ -461,6 +461,8 @@ static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_de
         return pa_fail(ctx, PA_ERR_UNSUPPORTED,
                        "device: cuda:%d (%s) has compute capability %d.%d; pagedattn needs 8.0 or newer",
                        index, name, impl->cc_major, impl->cc_minor);
+    int image_kind = 0;
+    pa_cuda_pick_arch(impl->cc_major, impl->cc_minor, impl->arch, sizeof impl->arch, &image_kind);
     CU_TRY(ctx, pa_cu.cuDevicePrimaryCtxRetain(&impl->cuctx, impl->cudev));
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st) return st;

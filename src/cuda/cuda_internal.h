@@ -109,6 +109,9 @@ typedef struct pa_kernel_source {
 } pa_kernel_source;
 #define PA_KERNEL_SOURCES 13
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
+/* The target NVRTC compiles for on compute capability major.minor ("sm_90a",
+ * "sm_80", or "compute_XX" PTX when NVRTC does not know the device). */
+void pa_cuda_pick_arch(int major, int minor, char *arch, size_t len, int *image_kind);
 
 /* ---- cuda_blas.c: the bf16 matmul ceiling by cuBLAS (opened at run time) ----
  * Fills matmul_gflops, matmul_sustained_gflops and matmul_note; without

@@ -391,11 +391,11 @@ static void cache_write(const char *path, const uint64_t key[2], const void *dat
  * real machine code when NVRTC knows the chip (sm_90a on Hopper, for its
  * architecture-specific instructions), else PTX for the newest architecture it
  * knows, which the driver then compiles. */
-static void pick_arch(int major, int minor, char *arch, size_t len, int *image_kind) {
+void pa_cuda_pick_arch(int major, int minor, char *arch, size_t len, int *image_kind) {
     const int want = major * 10 + minor;
     int n = 0, best = 0, archs[128];
     bool known = false;
-    if (pa_rtc.nvrtcGetNumSupportedArchs(&n) == 0 && n > 0 && n <= 128 &&
+    if (pa_nvrtc_ready(NULL, 0) && pa_rtc.nvrtcGetNumSupportedArchs(&n) == 0 && n > 0 && n <= 128 &&
         pa_rtc.nvrtcGetSupportedArchs(archs) == 0) {
         for (int i = 0; i < n; i++) {
             if (archs[i] == want) known = true;
@@ -522,7 +522,7 @@ pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *ar
         CU_TRY(ctx, pa_cu.cuDeviceGet(&d, 0));
         CU_TRY(ctx, pa_cu.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d));
         CU_TRY(ctx, pa_cu.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d));
-        pick_arch(major, minor, dev_arch, sizeof dev_arch, &image_kind);
+        pa_cuda_pick_arch(major, minor, dev_arch, sizeof dev_arch, &image_kind);
         arch = dev_arch;
     } else if (strncmp(arch, "compute_", 8) == 0) {
         image_kind = IMAGE_PTX;
@@ -554,7 +554,7 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
     if (st) return st;
     int image_kind = IMAGE_CUBIN;
     char arch[32];
-    pick_arch(impl->cc_major, impl->cc_minor, arch, sizeof arch, &image_kind);
+    pa_cuda_pick_arch(impl->cc_major, impl->cc_minor, arch, sizeof arch, &image_kind);
 
     pa_kmodule *m = calloc(1, sizeof *m);
     if (!m) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "kernel %s: out of host memory", variant);
