@@ -45,7 +45,7 @@ template <int M> PA_DEV void pa_fence_operands(float (&d)[M][4]) {
 
 template <int N> struct pa_wgmma_shape;
 ]])
-for _, n in ipairs({ 64, 128, 256 }) do
+for _, n in ipairs({ 32, 64, 128, 256 }) do
   local m = n / 2
   local regs = {}
   for i = 0, m - 1 do regs[#regs + 1] = "%" .. i end
@@ -72,12 +72,14 @@ for _, n in ipairs({ 64, 128, 256 }) do
 end
 w([[
 template <int N> PA_DEV void pa_wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
-    if constexpr (N == 64) pa_wgmma_ss_64(d, desc_a, desc_b, accumulate);
+    if constexpr (N == 32) pa_wgmma_ss_32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 64) pa_wgmma_ss_64(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 128) pa_wgmma_ss_128(d, desc_a, desc_b, accumulate);
     else pa_wgmma_ss_256(d, desc_a, desc_b, accumulate);
 }
 template <int N> PA_DEV void pa_wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
-    if constexpr (N == 64) pa_wgmma_rs_64(d, a, desc_b, accumulate);
+    if constexpr (N == 32) pa_wgmma_rs_32(d, a, desc_b, accumulate);
+    else if constexpr (N == 64) pa_wgmma_rs_64(d, a, desc_b, accumulate);
     else if constexpr (N == 128) pa_wgmma_rs_128(d, a, desc_b, accumulate);
     else pa_wgmma_rs_256(d, a, desc_b, accumulate);
 }

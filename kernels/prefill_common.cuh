@@ -82,11 +82,12 @@ PA_DEV pa_lane_rows pa_lane_rows_init(const pa_attn_params &p, const pa_work &w,
 }
 
 /* One key tile [kt, kt + 8 NG) of scores s (raw Q K^T): transforms and masks
- * them, updates the maxima, rescales o and the sums when a maximum moved, and
- * returns in e0 / e1 what to subtract from x * c2 for the exponent of P. */
-template <int NG, int NO, int NATURAL>
-PA_DEV void pa_softmax_tile(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], float (&o)[NO][4], int kt,
-                            float &e0, float &e1) {
+ * them, updates the maxima and rescales the row sums; returns in e0 / e1 what
+ * to subtract from x * c2 for the exponent of P, in alpha0 / alpha1 the factor
+ * for O, and whether any row of the warp needs it (else both are exactly 1). */
+template <int NG, int NATURAL>
+PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], int kt, float &e0,
+                              float &e1, float &alpha0, float &alpha1) {
     const int t4 = (threadIdx.x & 31) & 3;
     const bool masked = kt < r.wlo || kt + 8 * NG > r.whi; /* warp-uniform */
     float mx0 = r.m0, mx1 = r.m1;
@@ -120,20 +121,57 @@ PA_DEV void pa_softmax_tile(const pa_attn_params &p, pa_lane_rows &r, float (&s)
     e0 = mx0 == -PA_INF ? 0.f : mx0 * r.c2;
     e1 = mx1 == -PA_INF ? 0.f : mx1 * r.c2;
     /* alpha: exactly 1 while the maxima stay, 0 from -inf */
-    if (__any_sync(0xffffffffu, mx0 != r.m0 || mx1 != r.m1)) {
-        const float alpha0 = pa_exp2(r.m0 * r.c2 - e0), alpha1 = pa_exp2(r.m1 * r.c2 - e1);
+    alpha0 = alpha1 = 1.f;
+    const bool rescale = __any_sync(0xffffffffu, mx0 != r.m0 || mx1 != r.m1);
+    if (rescale) {
+        alpha0 = pa_exp2(r.m0 * r.c2 - e0);
+        alpha1 = pa_exp2(r.m1 * r.c2 - e1);
         r.l0 *= alpha0;
         r.l1 *= alpha1;
-#pragma unroll
-        for (int n = 0; n < NO; n++) {
-            o[n][0] *= alpha0;
-            o[n][1] *= alpha0;
-            o[n][2] *= alpha1;
-            o[n][3] *= alpha1;
-        }
     }
     r.m0 = mx0;
     r.m1 = mx1;
+    return rescale;
+}
+
+template <int NO> PA_DEV void pa_rescale_o(float (&o)[NO][4], float alpha0, float alpha1) {
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+        o[n][0] *= alpha0;
+        o[n][1] *= alpha0;
+        o[n][2] *= alpha1;
+        o[n][3] *= alpha1;
+    }
+}
+
+/* pa_softmax_scores, and O rescaled at once (O not in flight). */
+template <int NG, int NO, int NATURAL>
+PA_DEV void pa_softmax_tile(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], float (&o)[NO][4], int kt,
+                            float &e0, float &e1) {
+    float alpha0, alpha1;
+    if (pa_softmax_scores<NG, NATURAL>(p, r, s, kt, e0, e1, alpha0, alpha1)) pa_rescale_o(o, alpha0, alpha1);
+}
+
+/* P = 2^(x c2 - e) in place of the scores, adding to the row sums. */
+template <int NG> PA_DEV void pa_p_exp(pa_lane_rows &r, float (&s)[NG][4], float e0, float e1) {
+#pragma unroll
+    for (int n = 0; n < NG; n++) {
+        s[n][0] = pa_exp2(fmaf(s[n][0], r.c2, -e0));
+        s[n][1] = pa_exp2(fmaf(s[n][1], r.c2, -e0));
+        s[n][2] = pa_exp2(fmaf(s[n][2], r.c2, -e1));
+        s[n][3] = pa_exp2(fmaf(s[n][3], r.c2, -e1));
+        r.l0 += s[n][0] + s[n][1];
+        r.l1 += s[n][2] + s[n][3];
+    }
+}
+
+/* P (from pa_p_exp) of key columns 16 ks .. 16 ks + 15 as the A fragment
+ * (input type) of O += P V. */
+template <int NG> PA_DEV void pa_pack_p(const float (&s)[NG][4], int ks, u32 (&a)[4]) {
+    a[0] = pack2(s[2 * ks][0], s[2 * ks][1]);
+    a[1] = pack2(s[2 * ks][2], s[2 * ks][3]);
+    a[2] = pack2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    a[3] = pack2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
 }
 
 /* P of key columns 16 ks .. 16 ks + 15 as the A fragment (input type) of

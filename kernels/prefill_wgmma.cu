@@ -17,14 +17,15 @@
  *    rounded to the input type: the same layout as mma.sync's A operand) and
  *    V from shared memory read MN-major (transposed by the hardware).
  *  - Per key tile t: wait for its copies (one barrier); refill the ring slot
- *    of tile t - 1 with tile t + STAGES - 1; S(t); online softmax
- *    (prefill_common.cuh); P V(t). The copies run under the products, and
- *    the two warpgroups (one block per SM) overlap each other's softmax.
+ *    of tile t - 2 with tile t + STAGES - 2; issue S(t) and P V(t - 1); the
+ *    online softmax of tile t (prefill_common.cuh) runs under P V(t - 1);
+ *    rescale O, pack P(t). Copies run under the products.
  *  - Epilogue as prefill.cu: O staged through shared memory, pa_write_rows
  *    writes out/lse or the split's partial and combines the splits.
  *
  * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (64, 128 or 256), PA_GT, PA_PAGE
- * (-1 contiguous, 0 any, else a power of two), PA_STAGES, PA_NATURAL (0/1).
+ * (-1 contiguous, 0 any, else a power of two), PA_STAGES (>= 3), PA_NATURAL
+ * (0/1).
  */
 #ifndef PA_EMBED_ONLY
 #include "prefill_common.cuh"
@@ -40,7 +41,7 @@ __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 
 constexpr int D = PA_D;
 constexpr int BM = 128, NTHREADS = 256; /* two warpgroups of 64 rows */
-constexpr int BN = D <= 128 ? 128 : 64; /* keys per tile */
+constexpr int BN = D <= 128 ? 128 : 32; /* keys per tile (3 stages fit) */
 constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
 constexpr int CPR = D / 8;              /* 16-byte chunks per row */
 constexpr int CHUNKS = BN * CPR;        /* per K (or V) tile */
@@ -54,7 +55,7 @@ constexpr int SMEM = 1024 /* alignment */ + cmax(Q_BYTES + PA_STAGES * STAGE_BYT
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(CHUNKS % NTHREADS == 0, "copy mapping");
 static_assert(GT >= 1 && GT <= 16, "heads per tile");
-static_assert(PA_STAGES >= 2, "pipeline depth");
+static_assert(PA_STAGES >= 3, "pipeline depth: tile t in use by S, t - 1 by P V, t + 1 loading");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 } // namespace
 
@@ -140,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
     };
     load_pids(0);
 #pragma unroll
-    for (int t = 0; t < PA_STAGES - 1; t++) {
+    for (int t = 0; t < PA_STAGES - 2; t++) {
         if (t < nt) {
             issue(t);
             load_pids(t + 1);
@@ -157,19 +158,26 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float s[BN / 8][4];
 
+    /* Iteration t: S(t) = Q K(t)^T and O += P(t - 1) V(t - 1) issued back to
+     * back; the softmax of tile t runs while P V(t - 1) does; then O is
+     * rescaled and P(t) packed for the next iteration. Every group is waited
+     * for within its iteration (a wgmma group in flight across the loop's back
+     * edge makes ptxas serialise every wgmma of the kernel, C7514). */
+    u32 pa[BN / 16][4];
+    auto pv = [&](int t) { /* O += P V(t): P from registers, V MN-major, 16 keys per step */
+        const u32 vt = kv_addr + (t % PA_STAGES) * STAGE_BYTES + KV_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++)
+            pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt + ks * 16 * 128, BN * 128, 1024), 1);
+    };
     for (int t = 0; t < nt; t++) {
-        pa_cp_async_wait<PA_STAGES - 2>();
+        pa_cp_async_wait<PA_STAGES - 3>();
         pa_fence_proxy_async(); /* this thread's copies (and Q stores) -> the async proxy */
-        __syncthreads();        /* tile t landed for every thread; every warpgroup is done with tile t - 1 */
-        if (t + PA_STAGES - 1 < nt) {
-            issue(t + PA_STAGES - 1); /* into the ring slot of tile t - 1 */
-            load_pids(t + PA_STAGES);
-        }
-        pa_cp_async_commit();
+        __syncthreads();        /* tile t landed for every thread; everybody is done with tile t - 2 */
 
-        /* S(t) = Q K^T, both K-major from shared memory */
-        const u32 kt_addr = kv_addr + (t % PA_STAGES) * STAGE_BYTES, vt_addr = kt_addr + KV_BYTES;
+        const u32 kt_addr = kv_addr + (t % PA_STAGES) * STAGE_BYTES;
         pa_fence_operands(s);
+        pa_fence_operands(o);
         pa_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
@@ -179,29 +187,36 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
             pa_wgmma_ss<BN>(s, da, db, kk > 0);
         }
         pa_wgmma_commit();
-        pa_wgmma_wait<0>();
+        if (t > 0) pv(t - 1);
+        pa_wgmma_commit(); /* empty at t = 0: the group count stays the same */
+        /* the copies of tile t + STAGES - 2, into the ring slot of tile t - 2,
+         * issued while the tensor cores work */
+        if (t + PA_STAGES - 2 < nt) {
+            issue(t + PA_STAGES - 2);
+            load_pids(t + PA_STAGES - 1);
+        }
+        pa_cp_async_commit();
+        pa_wgmma_wait<1>();
         pa_fence_operands(s);
 
-        float e0, e1;
-        pa_softmax_tile<BN / 8, D / 8, PA_NATURAL>(p, rs, s, o, w.k0 + t * BN, e0, e1);
-        u32 pa[BN / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) pa_p_fragment<BN / 8>(rs, s, ks, e0, e1, pa[ks]);
+        float e0, e1, alpha0, alpha1;
+        const bool rescale = pa_softmax_scores<BN / 8, PA_NATURAL>(p, rs, s, w.k0 + t * BN, e0, e1, alpha0, alpha1);
+        pa_p_exp<BN / 8>(rs, s, e0, e1);
 
-        /* O += P V(t): P from registers, V MN-major (16 keys per step). Waited
-         * for here: a P V group left in flight across the loop's back edge
-         * makes ptxas serialise every wgmma of the kernel (C7514). */
+        pa_wgmma_wait<0>();
+        pa_fence_operands(o);
+        if (rescale) pa_rescale_o(o, alpha0, alpha1);
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
+    }
+    if (nt > 0) {
         pa_fence_operands(o);
         pa_wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++)
-            pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt_addr + ks * 16 * 128, BN * 128, 1024), 1);
+        pv(nt - 1);
         pa_wgmma_commit();
         pa_wgmma_wait<0>();
         pa_fence_operands(o);
     }
-    pa_wgmma_wait<0>();
-    pa_fence_operands(o);
     pa_cp_async_wait<0>();
     __syncthreads(); /* the tiles' memory becomes the epilogue's */
 

@@ -38,6 +38,20 @@ template <int M> PA_DEV void pa_fence_operands(float (&d)[M][4]) {
 
 template <int N> struct pa_wgmma_shape;
 
+PA_DEV void pa_wgmma_ss_32(float (&d)[4][4], u64 desc_a, u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." PA_WGMMA_TYPE "." PA_WGMMA_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+PA_DEV void pa_wgmma_rs_32(float (&d)[4][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." PA_WGMMA_TYPE "." PA_WGMMA_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
 PA_DEV void pa_wgmma_ss_64(float (&d)[8][4], u64 desc_a, u64 desc_b, int accumulate) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." PA_WGMMA_TYPE "." PA_WGMMA_TYPE " {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -125,12 +139,14 @@ PA_DEV void pa_wgmma_rs_256(float (&d)[32][4], const u32 (&a)[4], u64 desc_b, in
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 template <int N> PA_DEV void pa_wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
-    if constexpr (N == 64) pa_wgmma_ss_64(d, desc_a, desc_b, accumulate);
+    if constexpr (N == 32) pa_wgmma_ss_32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 64) pa_wgmma_ss_64(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 128) pa_wgmma_ss_128(d, desc_a, desc_b, accumulate);
     else pa_wgmma_ss_256(d, desc_a, desc_b, accumulate);
 }
 template <int N> PA_DEV void pa_wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
-    if constexpr (N == 64) pa_wgmma_rs_64(d, a, desc_b, accumulate);
+    if constexpr (N == 32) pa_wgmma_rs_32(d, a, desc_b, accumulate);
+    else if constexpr (N == 64) pa_wgmma_rs_64(d, a, desc_b, accumulate);
     else if constexpr (N == 128) pa_wgmma_rs_128(d, a, desc_b, accumulate);
     else pa_wgmma_rs_256(d, a, desc_b, accumulate);
 }

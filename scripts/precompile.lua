@@ -40,7 +40,7 @@ if #variants == 0 then
       for _, gt in ipairs({ 1, 4 }) do
         for _, page in ipairs({ "1", "16", "256", "any", "contig" }) do
           for _, natural in ipairs({ 0, 1 }) do
-            variants[#variants + 1] = string.format("prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=2 natural=%d",
+            variants[#variants + 1] = string.format("prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=3 natural=%d",
               dt, D, gt, page, natural)
           end
         end

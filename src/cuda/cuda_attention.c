@@ -126,11 +126,13 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
         const bool wgmma = strcmp(impl->arch, "sm_90a") == 0 && (D == 64 || D == 128 || D == 256) &&
                            !(force && strcmp(force, "mma") == 0);
-        const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 2, 2, 4);
         if (wgmma) {
+            /* 3: S reads tile t, P V tile t - 1, tile t + 1 loads */
+            const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 3, 3, 4);
             snprintf(variant, sizeof variant, "prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
                      dtype_str(p->dtype), D, gt, page, stages, natural);
         } else {
+            const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 2, 2, 4);
             const int minb = env_int("PAGEDATTN_PREFILL_MINB", D <= 128 ? 2 : 1, 1, 4);
             snprintf(variant, sizeof variant, "prefill dtype=%s D=%d gt=%d page=%s stages=%d natural=%d minb=%d",
                      dtype_str(p->dtype), D, gt, page, stages, natural, minb);

@@ -182,12 +182,12 @@ static const char *const catalog[] = {
     "prefill dtype=f16 D=256 gt=2 page=16 stages=2 natural=1 minb=1",
     "prefill dtype=bf16 D=80 gt=3 page=any stages=2 natural=0 minb=1",
     "prefill dtype=bf16 D=16 gt=16 page=8 stages=4 natural=1 minb=2",
-    "prefill_wgmma dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0",
-    "prefill_wgmma dtype=bf16 D=128 gt=4 page=256 stages=2 natural=0",
-    "prefill_wgmma dtype=bf16 D=128 gt=4 page=contig stages=2 natural=0",
-    "prefill_wgmma dtype=f16 D=64 gt=1 page=1 stages=3 natural=1",
-    "prefill_wgmma dtype=bf16 D=256 gt=8 page=any stages=2 natural=1",
-    "prefill_wgmma dtype=f16 D=128 gt=3 page=any stages=2 natural=0",
+    "prefill_wgmma dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0",
+    "prefill_wgmma dtype=bf16 D=128 gt=4 page=256 stages=3 natural=0",
+    "prefill_wgmma dtype=bf16 D=128 gt=4 page=contig stages=3 natural=0",
+    "prefill_wgmma dtype=f16 D=64 gt=1 page=1 stages=4 natural=1",
+    "prefill_wgmma dtype=bf16 D=256 gt=8 page=any stages=3 natural=1",
+    "prefill_wgmma dtype=f16 D=128 gt=3 page=any stages=3 natural=0",
 };
 
 int pa_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }
