@@ -50,7 +50,8 @@ constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;    /* one K (or V) tile */
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
 constexpr int OSTRIDE = D + 4;
-constexpr int SMEM = 1024 /* alignment */ + cmax(Q_BYTES + PA_STAGES * STAGE_BYTES, BM * OSTRIDE * 4);
+constexpr int SMEM = 1024 /* alignment */ + cmax(Q_BYTES + PA_STAGES * STAGE_BYTES, BM * OSTRIDE * 4 + BM * 4);
+static_assert(3 * BM * 4 <= STAGE_BYTES, "row ranges and slopes fit in a ring slot");
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(CHUNKS % NTHREADS == 0, "copy mapping");
@@ -74,13 +75,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
     extern __shared__ __align__(128) u8 smem_raw[];
     __shared__ int s_flag;
     __shared__ pa_work s_w;
-    __shared__ int s_lo[BM], s_hi[BM];
-    __shared__ float s_slope[PA_NATURAL ? BM : 1];
-    __shared__ float s_lse2[BM];
     /* the swizzle pattern repeats every 1024 bytes: tiles start on that */
     const u32 raw = pa_smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
     u8 *smem = smem_raw + (base - raw);
     const u32 q_addr = base, kv_addr = base + Q_BYTES;
+    /* Every byte counts at 3 stages of head dim 128 (225 KB of the 227), so
+     * the rows' ranges and slopes borrow the last ring slot, which is first
+     * filled after they have been read into registers (iteration 0), and the
+     * epilogue's lse rows follow its O rows. */
+    int *s_lo = (int *)(smem + Q_BYTES + (PA_STAGES - 1) * STAGE_BYTES), *s_hi = s_lo + BM;
+    float *s_slope = (float *)(s_hi + BM);
+    float *s_lse2 = (float *)(smem + BM * OSTRIDE * 4);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int head_tile = blockIdx.x % p.head_tiles;
