@@ -21,6 +21,17 @@ PA_DEV float pa_log2(float x) {
     return y;
 }
 
+/* Max / sum over the 4 lanes of a quad (lanes 4g .. 4g + 3: one row of an
+ * m16n8 accumulator fragment). */
+PA_DEV float pa_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+PA_DEV float pa_quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 /* get_o(r, d): normalised output of row r, element d; get_lse2(r): its
  * log2-sum-exp (-inf when the row saw no key). s_flag: one shared int. */
 template <int DT, typename FO, typename FL>

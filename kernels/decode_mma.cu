@@ -231,10 +231,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             if (upper) mx1 = fmaxf(mx1, x);
             else mx0 = fmaxf(mx0, x);
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        mx0 = pa_quad_max(mx0);
+        mx1 = pa_quad_max(mx1);
         /* new maxima: rescale what is accumulated (rarely, once the max settles) */
         const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
         const float alpha1 = mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
@@ -272,10 +270,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     __syncthreads(); /* the stage buffers become the merge area */
 
     /* 4. merge the warps: o[warp][16][D], (m, l)[warp][16] */
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    l0 = pa_quad_sum(l0);
+    l1 = pa_quad_sum(l1);
     float *sm_o = (float *)s_kv;
     float *sm_ml = sm_o + NWARPS * 16 * D;
 #pragma unroll

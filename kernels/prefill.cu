@@ -87,19 +87,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
 
     /* 1. rows: key ranges (clipped to the item's), ALiBi slopes; the Q tile */
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
-    for (int e = tid; e < BM * CPR; e += NTHREADS) {
-        const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
-        const bool in = r < ROWS && qi < w.seqlen_q;
-        const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
-        u8 *dst = s_q + r * RSTRIDE + c * 16;
-        if (p.q_f32) { /* the rotated q (f32), rounded to the input type */
-            float x[8];
-            pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
-            *(uint4 *)dst = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
-        } else {
-            pa_cp_async16(dst, (const u16 *)p.q + off, in);
-        }
-    }
+    pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, NTHREADS, [&](int r, int c) { return s_q + r * RSTRIDE + c * 16; });
 
     /* 2. the K/V pipeline. This thread's chunks of a tile: c = tid + i *
      * NTHREADS, row c / CPR, column chunk c % CPR. */
@@ -123,13 +111,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
             if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
             const bool ok = tok < w.k1;
             i64 off = 0;
-            if (ok) {
-                if (PA_PAGE == -1) off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2;
-                else off = ((i64)pid[i] * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride) * 2;
-                off += head_bytes + ch * 16;
-            }
-            pa_cp_async16(sk + row * RSTRIDE + ch * 16, (const u8 *)p.k_cache + off, ok);
-            pa_cp_async16(sv + row * RSTRIDE + ch * 16, (const u8 *)p.v_cache + off, ok);
+            if (ok) off = pa_key_offset<PA_PAGE>(p, w, tok, pid[i], ps, head_bytes) + ch * 16;
+            const u32 dst = row * RSTRIDE + ch * 16;
+            pa_cp_async16(sk + dst, (const u8 *)p.k_cache + off, ok);
+            pa_cp_async16(sv + dst, (const u8 *)p.v_cache + off, ok);
         }
     };
     load_pids(0);

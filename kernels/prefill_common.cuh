@@ -42,6 +42,39 @@ __device__ void pa_prefill_rows(const pa_attn_params &p, const pa_work &w, int h
     }
 }
 
+/* The Q tile: row r of the block (query w.i0 + r / GT, head g0 + r % GT), 16-byte
+ * chunk c, to smem_at(r, c); padding rows and queries past seqlen_q are
+ * zeros. The rotated f32 q is rounded to the input type and stored; the
+ * input-type q is copied with cp.async (the caller commits the group). */
+template <int BM, int GT, int D, typename F>
+__device__ void pa_prefill_load_q(const pa_attn_params &p, const pa_work &w, int hk, int g0, int tid, int nthr,
+                                  F smem_at) {
+    constexpr int CPR = D / 8, ROWS = BM / GT * GT;
+    for (int e = tid; e < BM * CPR; e += nthr) {
+        const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
+        const bool in = r < ROWS && qi < w.seqlen_q;
+        const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
+        u8 *dst = smem_at(r, c);
+        if (p.q_f32) {
+            float x[8];
+            pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
+            *(uint4 *)dst = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+        } else {
+            pa_cp_async16(dst, (const u16 *)p.q + off, in);
+        }
+    }
+}
+
+/* Absolute byte offset of key tok's row in either cache (64-bit, from the
+ * page id itself: never a difference between pages); head_bytes: the kv
+ * head's offset within a row. PAGE == -1: contiguous caches. */
+template <int PAGE>
+PA_DEV i64 pa_key_offset(const pa_attn_params &p, const pa_work &w, int tok, int page, int ps, i64 head_bytes) {
+    const i64 row = PAGE == -1 ? (i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride
+                               : (i64)page * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride;
+    return row * 2 + head_bytes;
+}
+
 /* A lane's two rows (R0 = its warp's first row + g, R1 = R0 + 8) and the
  * running softmax state. Scores become base-2 exponents: x * c2 unless
  * NATURAL (then softcap and ALiBi apply on natural units first, c2 = 1). */
@@ -113,10 +146,8 @@ PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&
             else mx0 = fmaxf(mx0, x);
         }
     }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = pa_quad_max(mx0);
+    mx1 = pa_quad_max(mx1);
     /* -inf maxima (nothing seen yet) subtract 0: every exponent is -inf -> 0 */
     e0 = mx0 == -PA_INF ? 0.f : mx0 * r.c2;
     e1 = mx1 == -PA_INF ? 0.f : mx1 * r.c2;
@@ -199,10 +230,8 @@ PA_DEV void pa_p_fragment(pa_lane_rows &r, const float (&s)[NG][4], int ks, floa
 template <int NO>
 PA_DEV void pa_stage_rows(pa_lane_rows &r, const float (&o)[NO][4], int R0, float *s_o, int ostride, float *s_lse2) {
     const int t4 = (threadIdx.x & 31) & 3, R1 = R0 + 8;
-    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 1);
-    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 2);
-    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 1);
-    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 2);
+    r.l0 = pa_quad_sum(r.l0);
+    r.l1 = pa_quad_sum(r.l1);
     const float inv0 = r.l0 > 0.f ? 1.f / r.l0 : 0.f, inv1 = r.l1 > 0.f ? 1.f / r.l1 : 0.f;
 #pragma unroll
     for (int n = 0; n < NO; n++) {

@@ -46,6 +46,22 @@ function G.block_table(rng, B, used, width, num_pages, dup)
   return bt
 end
 
+-- The block table of B sequences holding keys[b] keys each in pages of
+-- `page`: returns the flat table, its width (one spare column of garbage past
+-- the widest sequence) and the pool size: num_pages(need) when given (need:
+-- pages the sequences use), else need + 3 (distinct pages and a few spare).
+function G.paged_table(rng, B, keys, page, dup, num_pages)
+  local used, need, width = {}, 0, 0
+  for b = 1, B do
+    used[b] = math.ceil(keys[b] / page)
+    need = need + used[b]
+    if used[b] > width then width = used[b] end
+  end
+  width = width + 1
+  local n = num_pages and num_pages(need) or need + 3
+  return G.block_table(rng, B, used, width, n, dup), width, n
+end
+
 -- Elements [offset, offset + count) of a tensor as a 1-based Lua table.
 function G.read(t, offset, count)
   local buf = ffi.new("double[?]", count)

@@ -135,18 +135,9 @@ local function compare(name, spec, slice_args)
 end
 
 local function paged_spec(rng, s)
-  local used, width = {}, 0
   s.cached = s.cached or {}
-  for b = 1, s.B do
-    local keys = s.keys[b]
-    used[b] = math.ceil(keys / s.page)
-    if used[b] > width then width = used[b] end
-  end
-  s.width = width + 1
-  local need = 0
-  for b = 1, s.B do need = need + used[b] end
-  s.num_pages = s.num_pages or (need + 3)
-  s.bt = G.block_table(rng, s.B, used, s.width, s.num_pages, s.dup)
+  local given = s.num_pages
+  s.bt, s.width, s.num_pages = G.paged_table(rng, s.B, s.keys, s.page, s.dup, given and function() return given end)
   return s
 end
 

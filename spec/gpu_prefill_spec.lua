@@ -59,16 +59,9 @@ local function fill_tables(c, rng)
     for b = 2, c.B do assert(c.sq[b] == c.sq[1], c.name .. ": kvcache cases have one seqlen_q") end
   end
   if c.page > 0 then
-    local used, need, width = {}, 0, 1
-    for b = 1, c.B do
-      used[b] = math.ceil(c.sk[b] / c.page)
-      need = need + used[b]
-      width = math.max(width, used[b])
-    end
-    c.width = width + 1 -- garbage past the end: never read
     -- duplicates over a smaller pool; distinct pages (and a few spare) otherwise
-    c.num_pages = c.dup and math.max(1, math.floor(need / 2)) or need + 3
-    c.bt = G.block_table(rng, c.B, used, c.width, c.num_pages, c.dup)
+    c.bt, c.width, c.num_pages = G.paged_table(rng, c.B, c.sk, c.page, c.dup,
+      c.dup and function(need) return math.max(1, math.floor(need / 2)) end)
   else
     local cap = 1
     for b = 1, c.B do cap = math.max(cap, c.sk[b]) end

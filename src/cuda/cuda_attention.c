@@ -57,16 +57,21 @@ typedef struct kernel_plan {
 /* Which kernel a sequence runs on. */
 typedef enum { K_DECODE, K_PREFILL, K_FALLBACK } kernel_kind;
 
-static bool decode_ok(const pa_attn_problem *p) {
-    return p->head_dim % 8 == 0 && !pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
+/* What the problem allows, decided once per call (the environment is read
+ * here, not per sequence). */
+typedef struct kind_rules {
+    bool decode, prefill;
+} kind_rules;
+
+static kind_rules rules_of(const pa_attn_problem *p) {
+    const bool fallback = pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
+    kind_rules k = {p->head_dim % 8 == 0 && !fallback,
+                    p->dtype != PA_F32 && p->head_dim % 16 == 0 && p->head_dim <= 256 && !fallback};
+    return k;
 }
-static bool prefill_ok(const pa_attn_problem *p) {
-    return p->dtype != PA_F32 && p->head_dim % 16 == 0 && p->head_dim <= 256 &&
-           !pa_env_flag("PAGEDATTN_CUDA_FALLBACK");
-}
-static kernel_kind kind_of(const pa_attn_problem *p, int32_t seqlen_q) {
-    if (seqlen_q <= 8 && decode_ok(p)) return K_DECODE;
-    return prefill_ok(p) ? K_PREFILL : K_FALLBACK;
+static kernel_kind kind_of(kind_rules k, int32_t seqlen_q) {
+    if (seqlen_q <= 8 && k.decode) return K_DECODE;
+    return k.prefill ? K_PREFILL : K_FALLBACK;
 }
 
 static void page_key(const pa_attn_problem *p, char *page, size_t n) {
@@ -291,23 +296,24 @@ static int by_length_desc(const void *a, const void *b) {
 }
 
 /* Plans part `pt` (kind already set): its kernel, query tiles and work count. */
-static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, attn_part *pt) {
+static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kind_rules rules,
+                           attn_part *pt) {
     int32_t max_q = 0;
     for (int32_t b = 0; b < p->batch; b++)
-        if (p->h_seqlen_q[b] > 0 && kind_of(p, p->h_seqlen_q[b]) == pt->kind && p->h_seqlen_q[b] > max_q)
+        if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind && p->h_seqlen_q[b] > max_q)
             max_q = p->h_seqlen_q[b];
     pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
     for (int32_t b = 0; b < p->batch; b++)
-        if (p->h_seqlen_q[b] > 0 && kind_of(p, p->h_seqlen_q[b]) == pt->kind)
+        if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind)
             pt->ntiles += (p->h_seqlen_q[b] + qt - 1) / qt;
     pt->tiles = malloc(sizeof *pt->tiles * (size_t)(pt->ntiles ? pt->ntiles : 1));
     if (!pt->tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
     int64_t t = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
-        if (sq == 0 || kind_of(p, sq) != pt->kind) continue;
+        if (sq == 0 || kind_of(rules, sq) != pt->kind) continue;
         for (int32_t i0 = 0; i0 < sq; i0 += qt) {
             const int32_t last = (i0 + qt < sq ? i0 + qt : sq) - 1;
             int32_t lo0, hi0, lo1, hi1;
@@ -350,14 +356,15 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     memset(parts, 0, sizeof parts);
     int64_t nwork = 0, part_rows = 0, ncounters = 0;
     if (attend) {
+        const kind_rules rules = rules_of(p);
         bool used[3] = {false, false, false};
         for (int32_t b = 0; b < B; b++)
-            if (p->h_seqlen_q[b] > 0) used[kind_of(p, p->h_seqlen_q[b])] = true;
+            if (p->h_seqlen_q[b] > 0) used[kind_of(rules, p->h_seqlen_q[b])] = true;
         for (int k = 0; k < 3; k++) {
             if (!used[k]) continue;
             attn_part *pt = &parts[nparts++];
             pt->kind = (kernel_kind)k;
-            st = plan_part(ctx, impl, p, pt);
+            st = plan_part(ctx, impl, p, rules, pt);
             if (st) break;
             pt->work0 = nwork;
             pt->rows0 = part_rows;

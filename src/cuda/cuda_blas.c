@@ -97,28 +97,10 @@ static void load_cublas(void) {
         else snprintf(blas_why, sizeof blas_why, "not measured: $PAGEDATTN_CUBLAS=%.100s: %.150s", env, err);
         return;
     }
-    /* the soname first (the loader's path), then the toolkit's usual places;
-     * libcublas finds its libcublasLt beside itself (RUNPATH $ORIGIN) */
-    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so",
-                           "/usr/local/cuda/lib64/libcublas.so.13",
-                           "/usr/local/cuda/lib64/libcublas.so.12",
-                           "/usr/local/cuda/lib64/libcublas.so",
-                           "/usr/local/cuda/lib/libcublas.so.13", NULL, NULL};
-    char from_home[2][600];
-    const char *home = getenv("CUDA_HOME");
-    if (!home || !*home) home = getenv("CUDA_PATH");
-    if (home && *home) {
-        snprintf(from_home[0], sizeof from_home[0], "%s/lib64/libcublas.so", home);
-        snprintf(from_home[1], sizeof from_home[1], "%s/lib/libcublas.so", home);
-        names[7] = from_home[0];
-        names[8] = from_home[1];
-    }
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if (!names[i]) continue;
-        if (try_cublas(names[i], err, sizeof err)) {
-            blas_ok = true;
-            return;
-        }
+    /* libcublas finds its libcublasLt beside itself (RUNPATH $ORIGIN) */
+    if (pa_cuda_open_toolkit_lib("libcublas", try_cublas, err, sizeof err)) {
+        blas_ok = true;
+        return;
     }
     snprintf(blas_why, sizeof blas_why,
              "not measured: cuBLAS (libcublas.so.13) not found; install the CUDA toolkit's cuBLAS or "

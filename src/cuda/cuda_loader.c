@@ -183,6 +183,29 @@ static bool try_nvrtc(const char *path, char *err, size_t err_len) {
     return true;
 }
 
+bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
+                              char *err, size_t err_len) {
+    /* the soname first (the loader's path), then the toolkit's usual places */
+    static const char *const places[] = {"%s.so.13", "%s.so.12", "%s.so",
+                                         "/usr/local/cuda/lib64/%s.so.13", "/usr/local/cuda/lib64/%s.so.12",
+                                         "/usr/local/cuda/lib64/%s.so", "/usr/local/cuda/lib/%s.so.13"};
+    char path[700];
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) {
+        snprintf(path, sizeof path, places[i], stem);
+        if (try_open(path, err, err_len)) return true;
+    }
+    const char *home = getenv("CUDA_HOME");
+    if (!home || !*home) home = getenv("CUDA_PATH");
+    if (home && *home) {
+        static const char *const subdirs[] = {"lib64", "lib"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof path, "%s/%s/%s.so", home, subdirs[i], stem);
+            if (try_open(path, err, err_len)) return true;
+        }
+    }
+    return false;
+}
+
 static void load_nvrtc(void) {
     const char *env = getenv("PAGEDATTN_NVRTC");
     char err[512];
@@ -191,25 +214,9 @@ static void load_nvrtc(void) {
         else snprintf(nvrtc_why, sizeof nvrtc_why, "NVRTC: $PAGEDATTN_NVRTC=%s: %s", env, err);
         return;
     }
-    const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
-                           "/usr/local/cuda/lib64/libnvrtc.so.13",
-                           "/usr/local/cuda/lib64/libnvrtc.so.12",
-                           "/usr/local/cuda/lib64/libnvrtc.so", NULL, NULL};
-    char from_home[2][600];
-    const char *home = getenv("CUDA_HOME");
-    if (!home || !*home) home = getenv("CUDA_PATH");
-    if (home && *home) {
-        snprintf(from_home[0], sizeof from_home[0], "%s/lib64/libnvrtc.so", home);
-        snprintf(from_home[1], sizeof from_home[1], "%s/lib/libnvrtc.so", home);
-        names[6] = from_home[0];
-        names[7] = from_home[1];
-    }
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if (!names[i]) continue;
-        if (try_nvrtc(names[i], err, sizeof err)) {
-            nvrtc_ok = true;
-            return;
-        }
+    if (pa_cuda_open_toolkit_lib("libnvrtc", try_nvrtc, err, sizeof err)) {
+        nvrtc_ok = true;
+        return;
     }
     snprintf(nvrtc_why, sizeof nvrtc_why,
              "NVRTC (libnvrtc.so.13) not found: install the CUDA toolkit's NVRTC, or set "
