@@ -13,7 +13,10 @@
 --   Kernel time: device events around each call's kernels, with the call's
 --   kernels held until all are queued (pa_device_timing), median of many
 --   calls after warm-up. "wall" is the whole call seen from Lua (validation,
---   the block table's download, launches) for comparison.
+--   launches, the held stream, the wait for the kernels) for comparison;
+--   "loop" (decode) is the time per call of a loop of calls queued back to
+--   back and one wait at the end, as a serving loop calls: near the kernel
+--   time when the host does not wait for the device within a call.
 --   --decode / --prefill: only that section (default both); --quick: fewer
 --   calls, shorter ceilings; --ceiling-seconds S: how long each ceiling runs.
 --   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
@@ -82,6 +85,16 @@ local function time_calls(fn, iters, budget)
   return sweep.stats(kt).median, sweep.stats(wt).median, kt
 end
 
+-- Seconds per call of `iters` calls queued back to back (timing off), then one wait.
+local function loop_calls(fn, iters)
+  collectgarbage() -- (a tensor collected mid-loop would wait for the device)
+  dev:synchronize()
+  local t0 = pa.clock()
+  for _ = 1, iters do fn() end
+  dev:synchronize()
+  return (pa.clock() - t0) / iters
+end
+
 -- Runs fn once per config of the environment variable `var` ("A=1,B=2|C=3"),
 -- with that config's variables set; fn gets the config's text.
 local function with_configs(var, fn)
@@ -132,12 +145,12 @@ for _, l in ipairs(ceiling_lines()) do print(l) end
 -- decode and rotary append: memory-bound, judged by GB/s over the read rate
 
 local decode_rows = {}
-local decode_header = string.format("%-34s %-10s %8s %10s %9s %7s %10s", "workload", "layout", "GB",
-  "kernel us", "GB/s", "x read", "wall us")
-local function decode_row(name, lay, bytes, kernel_s, wall_s)
+local decode_header = string.format("%-34s %-10s %8s %10s %9s %7s %10s %10s", "workload", "layout", "GB",
+  "kernel us", "GB/s", "x read", "wall us", "loop us")
+local function decode_row(name, lay, bytes, kernel_s, wall_s, loop_s)
   local gbps = bytes / kernel_s / 1e9
-  local r = string.format("%-34s %-10s %8.3f %10.1f %9.1f %7.3f %10.1f", name, lay, bytes / 1e9,
-    kernel_s * 1e6, gbps, gbps / read, wall_s * 1e6)
+  local r = string.format("%-34s %-10s %8.3f %10.1f %9.1f %7.3f %10.1f %10.1f", name, lay, bytes / 1e9,
+    kernel_s * 1e6, gbps, gbps / read, wall_s * 1e6, loop_s * 1e6)
   decode_rows[#decode_rows + 1] = r
   print(r)
   io.stdout:flush()
@@ -151,9 +164,10 @@ local function decode(B, L, page, label)
   local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
   local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
   local opts = { block_table = bt, cache_seqlens = L, out = out }
-  local k, w = time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, iters)
+  local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+  local k, w = time_calls(call, iters)
   local bytes = 2 * B * L * HK * D * ESZ
-  decode_row(string.format("decode %dx%d%s", B, L, label or ""), layout(page), bytes, k, w)
+  decode_row(string.format("decode %dx%d%s", B, L, label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
   kc, vc, bt, q, out = nil, nil, nil, nil, nil
   collectgarbage()
   collectgarbage()
@@ -179,8 +193,10 @@ local function append(B, n, page)
   local q = assert(pa.tensor({ B, 0, H, D }, DT, dev))
   local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
     rotary_interleaved = false }
-  local kt, w = time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, iters)
-  decode_row(string.format("rotary append %dx%d tokens", B, n), layout(page), 4 * B * n * HK * D * ESZ, kt, w)
+  local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+  local kt, w = time_calls(call, iters)
+  decode_row(string.format("rotary append %dx%d tokens", B, n), layout(page), 4 * B * n * HK * D * ESZ, kt, w,
+    loop_calls(call, iters))
   collectgarbage()
 end
 

@@ -39,6 +39,7 @@ for step in $steps; do
     timeout "${GPU_RUN_TIMEOUT_SPECS:-300}" luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu \
       spec/gpu_backend_spec.lua spec/gpu_difftest_spec.lua spec/gpu_large_spec.lua \
       spec/gpu_memcheck_spec.lua spec/gpu_prefill_spec.lua spec/batch_spec.lua spec/pool_spec.lua \
+      spec/mirror_spec.lua \
       >>"$out/specs.log" 2>&1
     summary+=("gpu specs (rc $?): $(grep -c '^ok ' "$out/specs.log") ok, $(grep -c '^not ok ' "$out/specs.log") not ok")
     ;;

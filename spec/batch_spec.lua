@@ -330,6 +330,19 @@ describe("batch staging", function()
     end)
   end)
 
+  -- the same on "cpu:staged", the CPU reached by copies: the tables are
+  -- uploaded and attention plans from their host mirrors, as on a GPU
+  describe("on cpu:staged", function()
+    local staged = assert(pa.device("cpu:staged"))
+    it("stages the tables of a mixed batch", function() staged_tables(staged) end)
+    for _, case in ipairs(STEP_CASES) do
+      local form, dtype, layers = case[1], case[2], case[3]
+      it(string.format("attention %s, %s, %d layer(s), against the reference", form, dtype, layers), function()
+        run_steps(H.seed("batch-staged-" .. form .. dtype .. layers), form, dtype, layers, staged)
+      end)
+    end
+  end)
+
   -- the same on a CUDA device: staged tables uploaded, copies on write made by
   -- the device, attention by its kernels
   describe("on CUDA #gpu", function()

@@ -72,7 +72,9 @@ void pa_context_clear(pa_context *ctx);
 /* ---- devices ---- */
 
 /* name: "cpu", "cuda", "cuda:N"; NULL or "" picks $PAGEDATTN_DEVICE, else the
- * first usable CUDA device, else the CPU. Release with pa_device_release. */
+ * first usable CUDA device, else the CPU. "cpu:staged" is the CPU behind the
+ * interface of a discrete device (the library reaches its memory only by
+ * copies, as a GPU's), for tests. Release with pa_device_release. */
 pa_status pa_device_open(pa_context *ctx, const char *name, pa_device **out);
 void pa_device_release(pa_device *dev);
 pa_device_kind pa_device_get_kind(const pa_device *dev);
@@ -113,11 +115,18 @@ int64_t pa_tensor_dim(const pa_tensor *t, int i);
 int64_t pa_tensor_numel(const pa_tensor *t);
 pa_dtype pa_tensor_dtype(const pa_tensor *t);
 pa_device *pa_tensor_device(const pa_tensor *t);
-/* Host pointer for CPU tensors, device address for CUDA tensors. */
+/* Host pointer for CPU tensors, device address for CUDA tensors. On a GPU the
+ * library keeps a host copy of the i32 tensors it wrote from host data, so
+ * that attention need not download them (which waits for the device); once
+ * a tensor's address was taken, its owner may write it behind the library's
+ * back, so that tensor is downloaded whenever attention reads it. */
 void *pa_tensor_data(const pa_tensor *t);
 
 /* Copies of `count` elements starting at element `offset`, in the tensor's own
- * dtype (src/dst hold count * pa_dtype_size bytes on the host). */
+ * dtype (src/dst hold count * pa_dtype_size bytes on the host). On a CUDA
+ * device a write of up to 1 MiB is queued on the device's stream and returns
+ * without waiting (src is free again); pagedattn's later work sees it, other
+ * users of the memory must pa_device_synchronize first. */
 pa_status pa_tensor_write(pa_context *ctx, pa_tensor *t, int64_t offset,
                           const void *src, int64_t count);
 pa_status pa_tensor_read(pa_context *ctx, const pa_tensor *t, int64_t offset,

@@ -241,6 +241,9 @@ function Tensor:clone()
   return t:copy_from(self)
 end
 
+-- The data's address (device address on a GPU). Writes through it are not
+-- seen by the library: from now on attention downloads this tensor whenever
+-- it reads it as an index tensor (it keeps no host copy of it any more).
 function Tensor:data_ptr() return C.pa_tensor_data(self.handle) end
 
 function Tensor:__tostring()

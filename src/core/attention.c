@@ -81,12 +81,25 @@ static pa_status check_dtype(pa_context *ctx, const char *name, const pa_tensor 
     return PA_OK;
 }
 
-/* Host view of an i32 tensor (a copy when it lives on a GPU). */
+/* Index tensors downloaded by attention calls so far (all devices); the
+ * specs read it to check that mirrored tensors are not downloaded. */
+static atomic_llong index_downloads;
+
+int64_t pa_debug_index_downloads(void) { return atomic_load(&index_downloads); }
+
+/* Host view of an i32 tensor: its memory, its host mirror, or a downloaded
+ * copy (which waits for the device) when it lives on a GPU. */
 static pa_status host_i32(pa_context *ctx, scratch *s, const pa_tensor *t, const int32_t **out) {
     if (t->dev->host_accessible || t->numel == 0) {
         *out = t->data;
         return PA_OK;
     }
+    const int32_t *m = pa_mirror_get(t);
+    if (m) {
+        *out = m;
+        return PA_OK;
+    }
+    atomic_fetch_add(&index_downloads, 1);
     int32_t *buf = scratch_alloc(s, t->bytes);
     if (!buf) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
     pa_status st = t->dev->ops->download(ctx, t->dev, buf, t->data, t->bytes);
@@ -430,8 +443,13 @@ static pa_status check_q(pa_context *ctx, const pa_attention_params *p, int ndim
     return PA_OK;
 }
 
-static pa_status run(pa_context *ctx, pa_attn_problem *pb) {
+static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb) {
     if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
+    /* what the kernels write (never i32 today: the checks want float dtypes) */
+    pa_mirror_invalidate(p->k_cache);
+    pa_mirror_invalidate(p->v_cache);
+    pa_mirror_invalidate(p->out);
+    pa_mirror_invalidate(p->softmax_lse);
     return pb->dev->ops->attention(ctx, pb);
 }
 
@@ -470,7 +488,7 @@ pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
         st = build_problem(ctx, p, false, &pb, &s);
-        if (st == PA_OK) st = run(ctx, &pb);
+        if (st == PA_OK) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
     return st;
@@ -545,7 +563,7 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
         st = build_problem(ctx, p, true, &pb, &s);
-        if (st == PA_OK) st = run(ctx, &pb);
+        if (st == PA_OK) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
     return st;

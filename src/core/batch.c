@@ -8,7 +8,9 @@
  * step), so it is one pass to plan, one to commit and one to write, with no
  * allocation once the buffers have grown to the workload. All arrays are
  * written into one host buffer (the device buffer itself when the host can
- * address it) and go to the device in one upload.
+ * address it) and go to the device in one upload. That host buffer is then
+ * the views' host mirror (tensor.c), until the next stage starts: attention
+ * on the views plans from it without downloading them.
  */
 #include "pool.h"
 
@@ -71,8 +73,20 @@ pa_status pa_batch_create(pa_context *ctx, pa_pool *pool, pa_device *dev, int32_
     return PA_OK;
 }
 
+/* The views stop using the host buffer as their mirror (before it changes). */
+static void views_drop_mirrors(pa_batch *b) {
+    for (int f = 0; f < PA_BATCH_NUM_FIELDS; f++) {
+        pa_tensor *t = &b->views[f];
+        if (t->mirror_owned) free(t->mirror); /* one a user write made (tensor.c) */
+        t->mirror = NULL;
+        t->mirror_owned = false;
+        t->mirror_valid = false;
+    }
+}
+
 void pa_batch_destroy(pa_batch *b) {
     if (!b) return;
+    views_drop_mirrors(b);
     if (b->dev_buf) {
         /* kernels queued by earlier steps may still read the buffer */
         b->dev->ops->synchronize(NULL, b->dev);
@@ -142,6 +156,9 @@ static pa_status grow_buffer(pa_context *ctx, pa_batch *b, size_t elems) {
 
 static size_t align_up(size_t n) { return (n + ALIGN_ELEMS - 1) & ~(size_t)(ALIGN_ELEMS - 1); }
 
+/* After a successful upload: the view's shape, and its mirror (the host
+ * buffer holds exactly what was uploaded; none when the host addresses the
+ * device buffer, or when the view's address was handed out). */
 static void set_view(pa_batch *b, pa_batch_field f, size_t off, int64_t d0, int64_t d1) {
     pa_tensor *t = &b->views[f];
     t->data = (int32_t *)b->dev_buf + off;
@@ -152,6 +169,9 @@ static void set_view(pa_batch *b, pa_batch_field f, size_t off, int64_t d0, int6
         t->numel = d0 * d1;
     }
     t->bytes = (size_t)t->numel * sizeof(int32_t);
+    t->mirror = b->host_buf ? b->host_buf + off : NULL;
+    t->mirror_owned = false;
+    t->mirror_valid = t->mirror != NULL && !t->exposed;
 }
 
 /* Returns the sequences of entries [0, n) to their state before the stage. */
@@ -246,7 +266,10 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         total += align_up(len_of[f]);
     }
 
-    /* 2. everything that can fail, before anything moves */
+    /* 2. everything that can fail, before anything moves. From here the host
+     * buffer may be replaced or rewritten: the views lose their mirrors (and
+     * read the device) until set_view below. */
+    views_drop_mirrors(b);
     st = grow_buffer(ctx, b, total);
     if (st) return st;
     for (int32_t i = 0; i < n; i++) {

@@ -8,11 +8,11 @@
 #define PA_MAX_CUDA_DEVICES 64
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static pa_device *cpu_device;
+static pa_device *cpu_devices[2]; /* "cpu", "cpu:staged" */
 static pa_device *cuda_devices[PA_MAX_CUDA_DEVICES];
 
 static pa_device **registry_slot(pa_device_kind kind, int index) {
-    return kind == PA_DEVICE_CPU ? &cpu_device : &cuda_devices[index];
+    return kind == PA_DEVICE_CPU ? &cpu_devices[index ? 1 : 0] : &cuda_devices[index];
 }
 
 void pa_device_retain(pa_device *dev) { atomic_fetch_add(&dev->refcount, 1); }
@@ -28,11 +28,13 @@ void pa_device_release(pa_device *dev) {
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* Parses "cpu", "cuda", "cuda:N". */
+/* Parses "cpu", "cpu:staged" (index 1: the CPU reached by copies, for
+ * tests), "cuda", "cuda:N". */
 static pa_status parse_name(pa_context *ctx, const char *name, pa_device_kind *kind, int *index) {
     *index = 0;
-    if (strcmp(name, "cpu") == 0) {
+    if (strcmp(name, "cpu") == 0 || strcmp(name, "cpu:staged") == 0) {
         *kind = PA_DEVICE_CPU;
+        *index = name[3] == ':';
         return PA_OK;
     }
     if (strncmp(name, "cuda", 4) == 0) {
@@ -71,7 +73,7 @@ pa_status pa_device_open(pa_context *ctx, const char *name, pa_device **out) {
         pa_device_retain(*slot);
         *out = *slot;
     } else {
-        st = kind == PA_DEVICE_CPU ? pa_cpu_device_create(ctx, out)
+        st = kind == PA_DEVICE_CPU ? pa_cpu_device_create(ctx, index == 1, out)
                                    : pa_cuda_device_create(ctx, index, out);
         if (st == PA_OK) {
             atomic_store(&(*out)->refcount, 1);

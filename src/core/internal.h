@@ -75,7 +75,28 @@ struct pa_tensor {
     int64_t numel;
     size_t bytes;
     void *data;
+    /* Host mirror (i32 tensors on devices the host cannot address; tensor.c):
+     * a host copy of the contents, so that attention validates and plans
+     * from it instead of downloading (which waits for the device). Valid only
+     * while every write since it was taken was made by the library from host
+     * data it saw; any other write clears mirror_valid. */
+    int32_t *mirror;   /* maybe */
+    bool mirror_owned; /* freed with the tensor (batch views borrow the batch's) */
+    bool mirror_valid;
+    bool exposed;      /* its address was handed out (pa_tensor_data): writes the
+                          library cannot see may happen, so it is never mirrored */
 };
+
+/* ---- host mirrors (tensor.c) ----
+ * Every path that writes tensor memory must call one of these after writing:
+ * pa_mirror_record when it wrote elements [offset, offset + count) from the
+ * host i32 values src (st: how the write went), pa_mirror_invalidate
+ * otherwise. No-ops on host-accessible devices and for other dtypes. */
+void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,
+                      pa_status st);
+void pa_mirror_invalidate(pa_tensor *t);
+/* The valid mirror of t, or NULL (then read the device). */
+const int32_t *pa_mirror_get(const pa_tensor *t);
 
 /* ---- the normalised attention problem -------------------------------------
  * Both public forms (with_kvcache, varlen) are validated by the core and turned
@@ -308,8 +329,16 @@ static inline void pa_randn4(uint64_t block, uint64_t seed, double out[4]) {
 const char *pa_shape_str(const pa_tensor *t, char *buf, size_t len);
 bool pa_env_flag(const char *name);
 
+/* Attention's downloads of index tensors so far (attention.c). Exported but
+ * not in the public header: for the specs (they ffi.cdef it), which check
+ * that attention with mirrored index tensors does not wait for the device. */
+int64_t pa_debug_index_downloads(void);
+
 /* backends */
-pa_status pa_cpu_device_create(pa_context *ctx, pa_device **out);
+/* staged: the CPU backend behind the interface of a discrete device (the
+ * host reads and writes its memory only through upload/download: device
+ * "cpu:staged"), so that CI covers the paths a GPU takes. */
+pa_status pa_cpu_device_create(pa_context *ctx, bool staged, pa_device **out);
 pa_status pa_cuda_device_create(pa_context *ctx, int index, pa_device **out);
 /* Whether a CUDA device can be opened here (sets *why when not). */
 bool pa_cuda_usable(char *why, size_t why_len);

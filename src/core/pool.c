@@ -53,6 +53,8 @@ pa_status pa_pool_copy_page(pa_context *ctx, pa_pool *pool, int32_t dst, int32_t
         pa_status st = dev->ops->copy(ctx, dev, (char *)c->k->data + d, (char *)c->k->data + s, bytes);
         if (st == PA_OK)
             st = dev->ops->copy(ctx, dev, (char *)c->v->data + d, (char *)c->v->data + s, bytes);
+        pa_mirror_invalidate(c->k); /* (caches are not i32 in practice) */
+        pa_mirror_invalidate(c->v);
         if (st != PA_OK) return pa_fail_prefix(ctx, st, "copy-on-write of a shared page");
     }
     return PA_OK;

@@ -1,7 +1,23 @@
-/* tensor.c -- dense tensors on a device, and host copies with dtype conversion. */
+/* tensor.c -- dense tensors on a device, host copies with dtype conversion,
+ * and the host mirrors of i32 tensors on devices the host cannot address.
+ *
+ * Mirrors: attention reads its index tensors (block tables, seqlens,
+ * cu_seqlens) on the host to validate and plan; downloading them waits for
+ * the device. When the library itself wrote a tensor's contents from host
+ * data (pa_tensor_write, from_table, fill, a copy from a mirrored tensor,
+ * batch staging), it keeps that data as the tensor's mirror. Every write is
+ * queued on the device's one stream in the order of the calls, so the mirror
+ * is what the device will hold when the next queued kernel reads it. Any
+ * write the library cannot replay on the host (a failed copy, a partial
+ * write over unknown contents) clears it, and a tensor whose address was
+ * handed out (pa_tensor_data) is never mirrored again: its owner may write it
+ * behind our back. */
 #include "internal.h"
 
 #include <stdlib.h>
+
+/* Bigger i32 tensors are not mirrored (they are downloaded when read). */
+#define PA_MIRROR_MAX_BYTES ((size_t)64 << 20)
 
 size_t pa_dtype_size(pa_dtype dtype) {
     switch (dtype) {
@@ -62,6 +78,7 @@ pa_status pa_tensor_create(pa_context *ctx, pa_device *dev, pa_dtype dtype, int 
 void pa_tensor_destroy(pa_tensor *t) {
     if (!t) return;
     if (t->data) t->dev->ops->free(t->dev, t->data);
+    if (t->mirror_owned) free(t->mirror);
     pa_device_release(t->dev);
     free(t);
 }
@@ -71,7 +88,69 @@ int64_t pa_tensor_dim(const pa_tensor *t, int i) { return i >= 0 && i < t->ndim 
 int64_t pa_tensor_numel(const pa_tensor *t) { return t->numel; }
 pa_dtype pa_tensor_dtype(const pa_tensor *t) { return t->dtype; }
 pa_device *pa_tensor_device(const pa_tensor *t) { return t->dev; }
-void *pa_tensor_data(const pa_tensor *t) { return t->data; }
+void *pa_tensor_data(const pa_tensor *t) {
+    /* the caller may write through the address: from now on only the device
+     * knows the contents (tensors are never defined const: the cast is sound) */
+    pa_tensor *w = (pa_tensor *)t;
+    w->exposed = true;
+    w->mirror_valid = false;
+    return t->data;
+}
+
+/* ---- host mirrors ---- */
+
+static bool mirrorable(const pa_tensor *t) {
+    return !t->dev->host_accessible && t->dtype == PA_I32 && !t->exposed && t->numel > 0;
+}
+
+/* The mirror's storage (allocated on first use), or NULL: too big, no memory. */
+static int32_t *mirror_buffer(pa_tensor *t) {
+    if (!t->mirror) {
+        if (t->bytes > PA_MIRROR_MAX_BYTES) return NULL;
+        t->mirror = malloc(t->bytes);
+        t->mirror_owned = t->mirror != NULL;
+    }
+    return t->mirror;
+}
+
+void pa_mirror_invalidate(pa_tensor *t) {
+    if (t) t->mirror_valid = false;
+}
+
+void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,
+                      pa_status st) {
+    if (!t || t->dev->host_accessible) return;
+    if (st != PA_OK || !mirrorable(t)) {
+        t->mirror_valid = false; /* a failed write may have written part of it */
+        return;
+    }
+    if (count <= 0) return;
+    const bool whole = offset == 0 && count == t->numel;
+    if (!whole && !t->mirror_valid) return; /* the rest is unknown: stays invalid */
+    int32_t *m = mirror_buffer(t);
+    if (!m) {
+        t->mirror_valid = false;
+        return;
+    }
+    memcpy(m + offset, src, (size_t)count * sizeof(int32_t));
+    t->mirror_valid = true;
+}
+
+const int32_t *pa_mirror_get(const pa_tensor *t) {
+    if (!t || t->dev->host_accessible || !t->mirror_valid || t->exposed) return NULL;
+    return t->mirror;
+}
+
+static void mirror_fill(pa_tensor *t, int32_t value, pa_status st) {
+    if (t->dev->host_accessible) return;
+    int32_t *m = st == PA_OK && mirrorable(t) ? mirror_buffer(t) : NULL;
+    if (!m) {
+        t->mirror_valid = false;
+        return;
+    }
+    for (int64_t i = 0; i < t->numel; i++) m[i] = value;
+    t->mirror_valid = true;
+}
 
 static pa_status check_range(pa_context *ctx, const pa_tensor *t, int64_t offset, int64_t count,
                              const void *buf) {
@@ -89,7 +168,9 @@ pa_status pa_tensor_write(pa_context *ctx, pa_tensor *t, int64_t offset, const v
     pa_status st = check_range(ctx, t, offset, count, src);
     if (st || count == 0) return st;
     size_t es = pa_dtype_size(t->dtype);
-    return t->dev->ops->upload(ctx, t->dev, (char *)t->data + offset * es, src, (size_t)count * es);
+    st = t->dev->ops->upload(ctx, t->dev, (char *)t->data + offset * es, src, (size_t)count * es);
+    pa_mirror_record(t, offset, src, count, st); /* src holds i32 when t does */
+    return st;
 }
 
 pa_status pa_tensor_read(pa_context *ctx, const pa_tensor *t, int64_t offset, void *dst,
@@ -121,6 +202,7 @@ pa_status pa_tensor_write_f64(pa_context *ctx, pa_tensor *t, int64_t offset, con
     for (int64_t i = 0; i < count; i++) pa_store_f64(tmp, t->dtype, i, src[i]);
     if (!t->dev->host_accessible) {
         st = t->dev->ops->upload(ctx, t->dev, (char *)t->data + offset * es, tmp, (size_t)count * es);
+        pa_mirror_record(t, offset, tmp, count, st); /* tmp holds i32 when t does */
         free(tmp);
     }
     return st;
@@ -157,7 +239,13 @@ pa_status pa_tensor_copy(pa_context *ctx, pa_tensor *dst, const pa_tensor *src) 
     if (dst->numel != src->numel)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "src: %lld elements, dst has %lld", (long long)src->numel, (long long)dst->numel);
     if (!dst->bytes || dst == src) return PA_OK;
-    return dst->dev->ops->copy(ctx, dst->dev, dst->data, src->data, dst->bytes);
+    pa_status st = dst->dev->ops->copy(ctx, dst->dev, dst->data, src->data, dst->bytes);
+    /* dst now holds what src holds at this point of the stream: src's mirror
+     * when it has a valid one (same dtype and size), else unknown */
+    const int32_t *m = pa_mirror_get(src);
+    if (m) pa_mirror_record(dst, 0, m, dst->numel, st);
+    else pa_mirror_invalidate(dst);
+    return st;
 }
 
 pa_status pa_tensor_fill(pa_context *ctx, pa_tensor *t, double value) {
@@ -165,12 +253,16 @@ pa_status pa_tensor_fill(pa_context *ctx, pa_tensor *t, double value) {
     if (t->dtype == PA_I32 && (!(value >= INT32_MIN && value <= INT32_MAX) || value != floor(value)))
         return pa_fail(ctx, PA_ERR_ARGUMENT, "value: %g is not a 32-bit integer", value);
     if (!t->numel) return PA_OK;
-    return t->dev->ops->fill(ctx, t, value);
+    pa_status st = t->dev->ops->fill(ctx, t, value);
+    mirror_fill(t, t->dtype == PA_I32 ? (int32_t)value : 0, st);
+    return st;
 }
 
 pa_status pa_tensor_fill_randn(pa_context *ctx, pa_tensor *t, uint64_t seed) {
     if (!t) return pa_fail(ctx, PA_ERR_ARGUMENT, "tensor: NULL");
     if (t->dtype == PA_I32) return pa_fail(ctx, PA_ERR_ARGUMENT, "dtype: randn needs a floating-point tensor, got i32");
     if (!t->numel) return PA_OK;
-    return t->dev->ops->fill_randn(ctx, t, seed);
+    pa_status st = t->dev->ops->fill_randn(ctx, t, seed);
+    pa_mirror_invalidate(t); /* (never i32: nothing was mirrored) */
+    return st;
 }

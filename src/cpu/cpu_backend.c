@@ -578,7 +578,7 @@ static const pa_cpu_isa *pick_isa(pa_context *ctx, pa_status *st) {
     return NULL;
 }
 
-pa_status pa_cpu_device_create(pa_context *ctx, pa_device **out) {
+pa_status pa_cpu_device_create(pa_context *ctx, bool staged, pa_device **out) {
     pa_status st;
     const pa_cpu_isa *isa = pick_isa(ctx, &st);
     if (!isa) return st;
@@ -601,16 +601,18 @@ pa_status pa_cpu_device_create(pa_context *ctx, pa_device **out) {
     }
     pthread_mutex_init(&impl->lock, NULL);
     dev->kind = PA_DEVICE_CPU;
-    dev->index = 0;
-    dev->host_accessible = true;
+    dev->index = staged ? 1 : 0;
+    /* staged: the core treats its memory as a GPU's (reads and writes by
+     * upload/download, host mirrors of index tensors); the kernels are the same */
+    dev->host_accessible = !staged;
     dev->ops = &cpu_ops;
     dev->impl = impl;
     dev->num_threads = pa_threadpool_size(impl->pool);
-    snprintf(dev->name, sizeof dev->name, "cpu");
+    snprintf(dev->name, sizeof dev->name, staged ? "cpu:staged" : "cpu");
     char model[160];
     cpu_model(model, sizeof model);
-    snprintf(dev->description, sizeof dev->description, "%s, %d threads, %s kernels", model,
-             dev->num_threads, isa->name);
+    snprintf(dev->description, sizeof dev->description, "%s, %d threads, %s kernels%s", model,
+             dev->num_threads, isa->name, staged ? " (staged: reached by copies, for tests)" : "");
     *out = dev;
     return PA_OK;
 }

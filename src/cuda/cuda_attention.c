@@ -389,8 +389,9 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     const size_t scratch_bytes = q_rot_off + (rotate_q ? (size_t)p->total_q * H * D * 4 : 0);
 
     void *host = NULL;
+    int slot = 0;
     CUdeviceptr dev_scratch = 0, counters = 0;
-    st = pa_cuda_staging(ctx, impl, upload_bytes, &host);
+    st = pa_cuda_staging(ctx, impl, upload_bytes, &host, &slot);
     if (st == PA_OK) st = pa_cuda_scratch(ctx, impl, scratch_bytes, &dev_scratch);
     if (st == PA_OK && ncounters > 0) st = pa_cuda_counters(ctx, impl, (size_t)ncounters, &counters);
     if (st) {
@@ -420,10 +421,9 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     /* Nothing below waits for the device (see the top of this file). */
     st = pa_cuda_timing_begin(ctx, impl);
     if (st) return st;
-    CUresult r = pa_cu.cuMemcpyHtoDAsync(dev_scratch, host, upload_bytes, impl->stream);
-    if (r == CUDA_SUCCESS) r = pa_cu.cuEventRecord(impl->staging_done, impl->stream);
-    if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuMemcpyHtoDAsync(attention plan)", __FILE__, __LINE__);
-    else impl->staging_pending = true;
+    st = pa_cuda_staging_upload(ctx, impl, slot, dev_scratch, upload_bytes,
+                                "cuMemcpyHtoDAsync(attention plan)");
+    CUresult r;
 
     if (st == PA_OK && append) {
         pa_append_params ap;

@@ -5,9 +5,12 @@
  * Attention lives in cuda_attention.c, the kernels' compilation in
  * cuda_kernels.c.
  *
- * All work of a device goes to its one stream, in order; host-visible
- * operations (upload, download, synchronize) wait for it. The device lock
- * guards what calls share (the module cache, scratch, staging, timing state).
+ * All work of a device goes to its one stream, in order; downloads and
+ * synchronize wait for it. Uploads of up to PA_STAGED_UPLOAD_MAX bytes are
+ * copied into pinned staging and queued without waiting (the caller's buffer
+ * is free again on return; the stream orders the copy before later work);
+ * bigger ones wait. The device lock guards what calls share (the module
+ * cache, scratch, staging, timing state).
  */
 #define _GNU_SOURCE
 #include "cuda_internal.h"
@@ -76,20 +79,39 @@ pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdevicep
     return PA_OK;
 }
 
-pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out) {
-    if (impl->staging_pending) { /* the last upload from it must have left */
-        CU_TRY(ctx, pa_cu.cuEventSynchronize(impl->staging_done));
-        impl->staging_pending = false;
+pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out, int *slot) {
+    const int i = impl->staging_next;
+    cuda_staging *s = &impl->staging[i];
+    if (s->pending) { /* the last upload from it must have left */
+        CU_TRY(ctx, pa_cu.cuEventSynchronize(s->done));
+        s->pending = false;
     }
-    if (bytes > impl->staging_bytes) {
-        if (impl->staging) pa_cu.cuMemFreeHost(impl->staging);
-        impl->staging = NULL;
-        impl->staging_bytes = 0;
+    if (bytes > s->bytes) {
+        if (s->host) pa_cu.cuMemFreeHost(s->host);
+        s->host = NULL;
+        s->bytes = 0;
         size_t n = grow(0, bytes, (size_t)64 << 10);
-        CU_TRY(ctx, pa_cu.cuMemHostAlloc(&impl->staging, n, CU_MEMHOSTALLOC_PORTABLE));
-        impl->staging_bytes = n;
+        CU_TRY(ctx, pa_cu.cuMemHostAlloc(&s->host, n, CU_MEMHOSTALLOC_PORTABLE));
+        s->bytes = n;
     }
-    *out = impl->staging;
+    *out = s->host;
+    *slot = i;
+    return PA_OK;
+}
+
+pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
+                                 size_t bytes, const char *what) {
+    cuda_staging *s = &impl->staging[slot];
+    CUresult r = pa_cu.cuMemcpyHtoDAsync(dst, s->host, bytes, impl->stream);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, what, __FILE__, __LINE__);
+    r = pa_cu.cuEventRecord(s->done, impl->stream);
+    if (r != CUDA_SUCCESS) {
+        /* the copy is queued but cannot be tracked: let it finish */
+        pa_cu.cuStreamSynchronize(impl->stream);
+        return pa_cu_fail(ctx, r, "cuEventRecord(staging)", __FILE__, __LINE__);
+    }
+    s->pending = true;
+    impl->staging_next = (slot + 1) % PA_STAGING_SLOTS;
     return PA_OK;
 }
 
@@ -130,8 +152,28 @@ static void cuda_free(pa_device *dev, void *ptr) {
     pa_cuda_leave(impl);
 }
 
+/* Uploads up to this size go through the pinned staging ring (no wait). */
+#define PA_STAGED_UPLOAD_MAX ((size_t)1 << 20)
+
 static pa_status cuda_upload(pa_context *ctx, pa_device *dev, void *dst, const void *src, size_t n) {
     cuda_impl *impl = pa_cuda_impl(dev);
+    if (n <= PA_STAGED_UPLOAD_MAX) {
+        pthread_mutex_lock(&impl->lock);
+        pa_status st = pa_cuda_enter(ctx, impl);
+        if (st == PA_OK) {
+            void *host = NULL;
+            int slot = 0;
+            st = pa_cuda_staging(ctx, impl, n, &host, &slot);
+            if (st == PA_OK) {
+                memcpy(host, src, n); /* src is the caller's again on return */
+                st = pa_cuda_staging_upload(ctx, impl, slot, (CUdeviceptr)(uintptr_t)dst, n,
+                                            "cuMemcpyHtoDAsync(tensor write)");
+            }
+            pa_cuda_leave(impl);
+        }
+        pthread_mutex_unlock(&impl->lock);
+        return st;
+    }
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st) return st;
     CUresult r = pa_cu.cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)dst, src, n, impl->stream);
@@ -418,8 +460,10 @@ static void cuda_destroy(pa_device *dev) {
             pa_cuda_modules_free(impl);
             if (impl->scratch) pa_cu.cuMemFree(impl->scratch);
             if (impl->counters) pa_cu.cuMemFree(impl->counters);
-            if (impl->staging) pa_cu.cuMemFreeHost(impl->staging);
-            if (impl->staging_done) pa_cu.cuEventDestroy(impl->staging_done);
+            for (int i = 0; i < PA_STAGING_SLOTS; i++) {
+                if (impl->staging[i].host) pa_cu.cuMemFreeHost(impl->staging[i].host);
+                if (impl->staging[i].done) pa_cu.cuEventDestroy(impl->staging[i].done);
+            }
             if (impl->t_start) pa_cu.cuEventDestroy(impl->t_start);
             if (impl->t_end) pa_cu.cuEventDestroy(impl->t_end);
             if (impl->stream) pa_cu.cuStreamDestroy(impl->stream);
@@ -467,7 +511,8 @@ static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_de
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st) return st;
     CUresult r = pa_cu.cuStreamCreate(&impl->stream, CU_STREAM_NON_BLOCKING);
-    if (r == CUDA_SUCCESS) r = pa_cu.cuEventCreate(&impl->staging_done, CU_EVENT_DISABLE_TIMING);
+    for (int i = 0; i < PA_STAGING_SLOTS && r == CUDA_SUCCESS; i++)
+        r = pa_cu.cuEventCreate(&impl->staging[i].done, CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuStreamCreate/cuEventCreate", __FILE__, __LINE__);
     pa_cuda_leave(impl);
     if (st) return st;

@@ -40,6 +40,17 @@ pa_status pa_cu_fail(pa_context *ctx, CUresult r, const char *call, const char *
 
 typedef struct pa_kmodule pa_kmodule;
 
+/* Pinned host staging for uploads: a small ring, so that an upload waits only
+ * for the one that used its slot PA_STAGING_SLOTS uploads ago, not for the
+ * stream. */
+#define PA_STAGING_SLOTS 4
+typedef struct cuda_staging {
+    void *host; /* pinned */
+    size_t bytes;
+    CUevent done; /* recorded after the upload from it */
+    bool pending; /* an upload from it may still be queued */
+} cuda_staging;
+
 typedef struct cuda_impl {
     CUdevice cudev;
     CUcontext cuctx; /* the primary context, retained */
@@ -55,11 +66,9 @@ typedef struct cuda_impl {
     size_t scratch_bytes;
     CUdeviceptr counters; /* u32 arrival counters, zero between calls */
     size_t counters_len;
-    /* pinned staging for the per-call upload; free once staging_done fired */
-    void *staging;
-    size_t staging_bytes;
-    CUevent staging_done;
-    bool staging_pending;
+    /* pinned staging for uploads (attention plans, tensor writes) */
+    cuda_staging staging[PA_STAGING_SLOTS];
+    int staging_next; /* the slot the next upload takes */
     /* device-side timing of attention calls (pa_device_timing) */
     bool timing, timed;
     CUevent t_start, t_end;
@@ -76,8 +85,15 @@ void pa_cuda_leave(cuda_impl *impl);
  * least `n` entries (zero). May synchronise the stream to grow. */
 pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdeviceptr *out);
 pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdeviceptr *out);
-/* Pinned host staging of at least `bytes`, free to overwrite. */
-pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out);
+/* Pinned host staging of at least `bytes`, free to overwrite: the ring's
+ * next slot (*slot), once the upload that last used it has left. Fill it,
+ * then queue it with pa_cuda_staging_upload. Call with impl->lock held and
+ * the context current. */
+pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out, int *slot);
+/* Queues the copy of `bytes` from staging slot `slot` to dst on the stream
+ * (`what` names it in errors) and moves the ring on; does not wait. */
+pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
+                                 size_t bytes, const char *what);
 
 /* Timing brackets around the kernels of one attention call (no-ops unless on). */
 pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl);
