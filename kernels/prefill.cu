@@ -201,9 +201,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     /* 3. normalise, stage O (f32) and the rows' log2-sum-exp */
     pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
     __syncthreads();
-    pa_write_rows<PA_DTYPE>(
-        p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return ((const float *)smem)[r * OSTRIDE + d]; },
-        [&](int r) { return s_lse2[r]; }, &s_flag);
+    const float *s_o = (const float *)smem;
+    auto lse2_of = [&](int r) { return s_lse2[r]; };
+    if (w.nsplit == 1 && (p.out & 15) == 0)
+        pa_write_rows_fast<D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, lse2_of);
+    else
+        pa_write_rows<PA_DTYPE>(
+            p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; }, lse2_of, &s_flag);
 }
 
 #endif /* PA_EMBED_ONLY */

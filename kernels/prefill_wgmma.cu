@@ -44,8 +44,7 @@ constexpr int BM = 128, NTHREADS = 256; /* two warpgroups of 64 rows */
 constexpr int BN = D <= 128 ? 128 : 32; /* keys per tile (3 stages fit) */
 constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
 constexpr int CPR = D / 8;              /* 16-byte chunks per row */
-constexpr int CHUNKS = BN * CPR;        /* per K (or V) tile */
-constexpr int CPT = CHUNKS / NTHREADS;  /* chunks per thread per tile */
+constexpr int TPR = NTHREADS / BN;     /* copying threads per row of a tile */
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;    /* one K (or V) tile */
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
@@ -54,7 +53,7 @@ constexpr int SMEM = 1024 /* alignment */ + cmax(Q_BYTES + PA_STAGES * STAGE_BYT
 static_assert(3 * BM * 4 <= STAGE_BYTES, "row ranges and slopes fit in a ring slot");
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
-static_assert(CHUNKS % NTHREADS == 0, "copy mapping");
+static_assert(NTHREADS % BN == 0 && CPR % TPR == 0 && TPR % 2 == 0, "copy mapping: whole 32-byte sectors per row");
 static_assert(GT >= 1 && GT <= 16, "heads per tile");
 static_assert(PA_STAGES >= 3, "pipeline depth: tile t in use by S, t - 1 by P V, t + 1 loading");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
@@ -101,39 +100,39 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
     pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, NTHREADS, [&](int r, int c) { return smem + swz(BM, r, c); });
 
-    /* 2. the K/V ring. This thread's chunks of a tile: c = tid + i * NTHREADS,
-     * row c / CPR, chunk c % CPR. */
+    /* 2. the K/V ring. Each thread copies one row of every tile: row
+     * tid / TPR, chunks tid % TPR + TPR * i (neighbouring lanes fill each
+     * 32-byte sector), so it resolves one page per tile: its page id loaded a
+     * tile ahead, one absolute 64-bit offset. */
     const int nt = (w.k1 - w.k0 + BN - 1) / BN;
     const i64 head_bytes = (i64)hk * D * 2;
-    int pid[CPT]; /* page ids of this thread's rows of the next tile to issue */
-    auto load_pids = [&](int t) {
-#pragma unroll
-        for (int i = 0; i < CPT; i++) {
-            const int tok = w.k0 + t * BN + (tid + i * NTHREADS) / CPR;
-            pid[i] = 0;
-            if (PA_PAGE != -1 && t < nt && tok < w.k1)
-                pid[i] = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
-        }
+    const int my_row = tid / TPR, my_sub = tid % TPR;
+    int pid = 0; /* page id of this thread's row of the next tile to issue */
+    auto load_pid = [&](int t) {
+        const int tok = w.k0 + t * BN + my_row;
+        pid = 0;
+        if (PA_PAGE != -1 && t < nt && tok < w.k1) pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
     };
     auto issue = [&](int t) {
         u8 *sk = smem + Q_BYTES + (t % PA_STAGES) * STAGE_BYTES, *sv = sk + KV_BYTES;
+        const int tok = w.k0 + t * BN + my_row;
+        const bool ok = tok < w.k1;
+        const i64 off = ok ? pa_key_offset<PA_PAGE>(p, w, tok, pid, ps, head_bytes) : 0;
+        const u8 *gk = (const u8 *)p.k_cache + off, *gv = (const u8 *)p.v_cache + off;
 #pragma unroll
-        for (int i = 0; i < CPT; i++) {
-            const int c = tid + i * NTHREADS, row = c / CPR, ch = c - row * CPR, tok = w.k0 + t * BN + row;
-            const bool ok = tok < w.k1;
-            i64 off = 0;
-            if (ok) off = pa_key_offset<PA_PAGE>(p, w, tok, pid[i], ps, head_bytes) + ch * 16;
-            const u32 dst = swz(BN, row, ch);
-            pa_cp_async16(sk + dst, (const u8 *)p.k_cache + off, ok);
-            pa_cp_async16(sv + dst, (const u8 *)p.v_cache + off, ok);
+        for (int i = 0; i < CPR / TPR; i++) {
+            const int ch = my_sub + TPR * i;
+            const u32 dst = swz(BN, my_row, ch);
+            pa_cp_async16(sk + dst, gk + (ok ? ch * 16 : 0), ok);
+            pa_cp_async16(sv + dst, gv + (ok ? ch * 16 : 0), ok);
         }
     };
-    load_pids(0);
+    load_pid(0);
 #pragma unroll
     for (int t = 0; t < PA_STAGES - 2; t++) {
         if (t < nt) {
             issue(t);
-            load_pids(t + 1);
+            load_pid(t + 1);
         }
         pa_cp_async_commit(); /* the first group also holds Q */
     }
@@ -182,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
          * issued while the tensor cores work */
         if (t + PA_STAGES - 2 < nt) {
             issue(t + PA_STAGES - 2);
-            load_pids(t + PA_STAGES - 1);
+            load_pid(t + PA_STAGES - 1);
         }
         pa_cp_async_commit();
         pa_wgmma_wait<1>();
@@ -212,9 +211,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
     /* 3. normalise, stage O (f32) and the rows' log2-sum-exp, write */
     pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
     __syncthreads();
-    pa_write_rows<PA_DTYPE>(
-        p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return ((const float *)smem)[r * OSTRIDE + d]; },
-        [&](int r) { return s_lse2[r]; }, &s_flag);
+    const float *s_o = (const float *)smem;
+    auto lse2_of = [&](int r) { return s_lse2[r]; };
+    if (w.nsplit == 1 && (p.out & 15) == 0)
+        pa_write_rows_fast<D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, lse2_of);
+    else
+        pa_write_rows<PA_DTYPE>(
+            p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; }, lse2_of, &s_flag);
 #endif
 }
 
