@@ -203,8 +203,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     __syncthreads();
     const float *s_o = (const float *)smem;
     auto lse2_of = [&](int r) { return s_lse2[r]; };
-    if (w.nsplit == 1 && (p.out & 15) == 0)
-        pa_write_rows_fast<D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, lse2_of);
+    if (w.nsplit == 1)
+        pa_write_rows_single<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, s_lse2, threadIdx.x, NTHREADS);
     else
         pa_write_rows<PA_DTYPE>(
             p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; }, lse2_of, &s_flag);

@@ -245,25 +245,32 @@ PA_DEV void pa_stage_rows(pa_lane_rows &r, const float (&o)[NO][4], int R0, floa
     }
 }
 
-/* The epilogue's write when the block is the only split of its rows and out
- * is 16-byte aligned (else pa_write_rows): 8 elements per store, the
- * division by the head dim known at compile time. Rows as pa_write_rows; O
- * normalised in s_o (f32, row stride ostride), log2-sum-exp from get_lse2. */
-template <int D, int GT, typename FL>
-__device__ void pa_write_rows_fast(const pa_attn_params &p, const pa_work &w, int rows, int hk, int g0,
-                                   const float *s_o, int ostride, FL get_lse2) {
+/* The epilogue's write for a block that is its rows' only split, by threads
+ * tid0 = 0 .. nthr - 1 of the block (a subset, e.g. the consumer warps of a
+ * warp-specialised kernel): out from s_o (f32, normalised, row stride
+ * ostride), 8 elements per 16-byte store where out is aligned, and lse from
+ * s_lse2 (log2 units, -inf: no key). Rows as pa_write_rows. */
+template <int DT, int D, int GT>
+__device__ void pa_write_rows_single(const pa_attn_params &p, const pa_work &w, int rows, int hk, int g0,
+                                     const float *s_o, int ostride, const float *s_lse2, int tid0, int nthr) {
     constexpr int C = D / 8;
     static_assert(D % 8 == 0, "head dim");
-    for (int e = threadIdx.x; e < rows * C; e += blockDim.x) {
+    const bool vec = (p.out & 15) == 0;
+    for (int e = tid0; e < rows * C; e += nthr) {
         const int r = e / C, c = e - r * C, qi = w.i0 + r / GT;
         if (qi >= w.seqlen_q) continue;
         const int h = hk * p.group + g0 + r % GT;
-        const float4 a = *(const float4 *)(s_o + r * ostride + c * 8);
-        const float4 b = *(const float4 *)(s_o + r * ostride + c * 8 + 4);
-        *(uint4 *)((u16 *)p.out + ((w.q_start + qi) * p.heads + h) * (i64)D + c * 8) =
-            make_uint4(pack2(a.x, a.y), pack2(a.z, a.w), pack2(b.x, b.y), pack2(b.z, b.w));
+        const float *src = s_o + r * ostride + c * 8;
+        const i64 dst = ((w.q_start + qi) * p.heads + h) * (i64)D + c * 8;
+        if (vec) {
+            const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+            *(uint4 *)((u16 *)p.out + dst) = make_uint4(pack2(a.x, a.y), pack2(a.z, a.w), pack2(b.x, b.y), pack2(b.z, b.w));
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) pa_elem<DT>::store((void *)p.out, dst + j, src[j]);
+        }
         if (c == 0 && p.lse) {
-            const float l2 = get_lse2(r);
+            const float l2 = s_lse2[r];
             ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
         }
     }

@@ -52,6 +52,7 @@ typedef struct kernel_plan {
     int gt, q_tile, head_tiles;
     int capacity;    /* blocks resident at once on the whole GPU */
     bool longest_first; /* order the work items by length, longest first */
+    bool no_split;      /* one work item per query tile (the kernel writes out/lse directly) */
 } kernel_plan;
 
 /* Which kernel a sequence runs on. */
@@ -127,11 +128,17 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         for (int d = 1; d <= G && d <= 16; d++)
             if (G % d == 0) gt = d;
         const int natural = p->softcap > 0.f || p->alibi != NULL || !(p->scale > 0.f);
-        /* Hopper: wgmma (head dims 64, 128, 256) unless PAGEDATTN_PREFILL_KERNEL=mma */
+        /* Hopper: wgmma (head dims 64, 128, 256) unless PAGEDATTN_PREFILL_KERNEL=mma;
+         * PAGEDATTN_PREFILL_KERNEL=ws: the warp-specialised wgmma kernel (unsplit) */
         const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
-        const bool wgmma = strcmp(impl->arch, "sm_90a") == 0 && (D == 64 || D == 128 || D == 256) &&
-                           !(force && strcmp(force, "mma") == 0);
-        if (wgmma) {
+        const bool hopper = strcmp(impl->arch, "sm_90a") == 0 && (D == 64 || D == 128 || D == 256);
+        const bool ws = hopper && force && strcmp(force, "ws") == 0;
+        const bool wgmma = hopper && !ws && !(force && strcmp(force, "mma") == 0);
+        if (ws) {
+            const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 2, 2, 4);
+            snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
+                     dtype_str(p->dtype), D, gt, page, stages, natural);
+        } else if (wgmma) {
             /* 3: S reads tile t, P V tile t - 1, tile t + 1 loads */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 3, 3, 4);
             snprintf(variant, sizeof variant, "prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
@@ -152,7 +159,9 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->gt = gt;
         kp->head_tiles = p->kv_heads * (G / gt);
         kp->longest_first = true;
-        st = pa_cuda_function(ctx, impl, m, wgmma ? "pa_prefill_wgmma" : "pa_prefill", kp->smem, &kp->fn);
+        kp->no_split = ws;
+        st = pa_cuda_function(ctx, impl, m, ws ? "pa_prefill_ws" : wgmma ? "pa_prefill_wgmma" : "pa_prefill",
+                              kp->smem, &kp->fn);
     } else {
         snprintf(variant, sizeof variant, "fallback dtype=%s", dtype_str(p->dtype));
         st = pa_cuda_module(ctx, impl, variant, &m);
@@ -238,7 +247,9 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         }
         const int64_t len = tiles[t].hi - tiles[t].lo;
         int64_t chunk;
-        if (forced_chunk > 0) {
+        if (kp->no_split) {
+            chunk = len > 0 ? len : 1;
+        } else if (forced_chunk > 0) {
             chunk = forced_chunk;
         } else if (p->num_splits > 0) {
             const int64_t want = p->num_splits < MAX_SPLITS ? p->num_splits : MAX_SPLITS;

@@ -34,6 +34,7 @@ static const kkind kinds[] = {
     {"fallback", "fallback.cu", "pa_fallback_info", {"dtype", NULL}},
     {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
     {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
+    {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
 };
 
 #define MAX_OPTS 12
@@ -99,7 +100,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(tok, kinds[i].kind) == 0) out->kind = &kinds[i];
     if (!out->kind)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
-                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, prefill_wgmma)", name);
+                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, prefill_wgmma, prefill_ws)", name);
     const char *vals[10] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {
         char *eq = strchr(tok, '=');
@@ -138,9 +139,10 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
     if (strcmp(out->kind->kind, "prefill") == 0 && (dtype == 0 || dim % 16 != 0))
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "kernel variant '%s': prefill takes f16 or bf16 and D a multiple of 16 up to 256", name);
-    if (strcmp(out->kind->kind, "prefill_wgmma") == 0 && (dtype == 0 || (dim != 64 && dim != 128 && dim != 256)))
-        return pa_fail(ctx, PA_ERR_ARGUMENT,
-                       "kernel variant '%s': prefill_wgmma takes f16 or bf16 and D 64, 128 or 256", name);
+    if ((strcmp(out->kind->kind, "prefill_wgmma") == 0 || strcmp(out->kind->kind, "prefill_ws") == 0) &&
+        (dtype == 0 || (dim != 64 && dim != 128 && dim != 256)))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': %s takes f16 or bf16 and D 64, 128 or 256", name,
+                       out->kind->kind);
     return PA_OK;
 }
 
@@ -188,6 +190,10 @@ static const char *const catalog[] = {
     "prefill_wgmma dtype=f16 D=64 gt=1 page=1 stages=4 natural=1",
     "prefill_wgmma dtype=bf16 D=256 gt=8 page=any stages=3 natural=1",
     "prefill_wgmma dtype=f16 D=128 gt=3 page=any stages=3 natural=0",
+    "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0",
+    "prefill_ws dtype=bf16 D=128 gt=4 page=contig stages=3 natural=1",
+    "prefill_ws dtype=f16 D=64 gt=1 page=1 stages=4 natural=0",
+    "prefill_ws dtype=bf16 D=256 gt=8 page=any stages=2 natural=1",
 };
 
 int pa_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }

@@ -27,6 +27,7 @@
 #include "../../kernels/wgmma.cuh"
 #include "../../kernels/prefill.cu"
 #include "../../kernels/prefill_wgmma.cu"
+#include "../../kernels/prefill_ws.cu"
 #undef PA_EMBED_ONLY
 
 /* Each file becomes a NUL-terminated byte array: pa_ksrc_<id> .. pa_ksrc_<id>_end. */
@@ -55,6 +56,7 @@ EMBED(prefill_common, "prefill_common.cuh")
 EMBED(wgmma, "wgmma.cuh")
 EMBED(prefill, "prefill.cu")
 EMBED(prefill_wgmma, "prefill_wgmma.cu")
+EMBED(prefill_ws, "prefill_ws.cu")
 
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
     const pa_kernel_source table[PA_KERNEL_SOURCES] = {
@@ -71,6 +73,7 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"wgmma.cuh", pa_ksrc_wgmma, (size_t)(pa_ksrc_wgmma_end - pa_ksrc_wgmma)},
         {"prefill.cu", pa_ksrc_prefill, (size_t)(pa_ksrc_prefill_end - pa_ksrc_prefill)},
         {"prefill_wgmma.cu", pa_ksrc_prefill_wgmma, (size_t)(pa_ksrc_prefill_wgmma_end - pa_ksrc_prefill_wgmma)},
+        {"prefill_ws.cu", pa_ksrc_prefill_ws, (size_t)(pa_ksrc_prefill_ws_end - pa_ksrc_prefill_ws)},
     };
     memcpy(out, table, sizeof table);
     return PA_KERNEL_SOURCES;

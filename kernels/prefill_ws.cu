@@ -1,0 +1,265 @@
+/*
+ * prefill_ws.cu -- paged prefill on Hopper with warp specialisation (sm_90a;
+ * f16, bf16; head dim 64, 128 or 256): flash-attention 3's division of labour
+ * with the paged gather of prefill_wgmma.cu.
+ *
+ * Three warpgroups per block. The producer (warpgroup 0, 56 registers)
+ * resolves pages and gathers K and V tiles with cp.async into a ring of
+ * STAGES slots, each K and V slot with a "full" mbarrier (the producer's
+ * copies landed: cp.async.mbarrier.arrive.noinc, one arrival per producer
+ * thread) and an "empty" one (both consumers are done with it: one arrival
+ * per consumer warp). Two consumer warpgroups (224 registers) own 64 rows of
+ * (query, head) pairs each and run the p3 loop of prefill_wgmma.cu -- S(t)
+ * and P V(t - 1) back to back, the softmax of tile t under P V(t - 1) --
+ * without any block-wide barrier, so they drift apart and each one's softmax
+ * runs under the other's products, and the gather's instructions stay out of
+ * their issue slots.
+ *
+ * Each producer thread copies one row of every tile (TPR threads per row),
+ * so it resolves one page per tile: its page id loaded a tile ahead, one
+ * absolute 64-bit offset; rows past k1 are zero-filled and never read the
+ * block table.
+ *
+ * Work items are never split (the host plans one item per query tile): the
+ * epilogue writes out/lse directly, consumers only.
+ *
+ * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
+ * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1).
+ */
+#ifndef PA_EMBED_ONLY
+#include "prefill_common.cuh"
+#include "wgmma.cuh"
+
+#if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
+    !defined(PA_NATURAL)
+#error "prefill_ws.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL"
+#endif
+
+namespace {
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+
+constexpr int D = PA_D;
+constexpr int BM = 128, NTHREADS = 384;  /* producer + two consumers of 64 rows */
+constexpr int BN = D <= 128 ? 128 : 64;  /* keys per tile */
+constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
+constexpr int CPR = D / 8;               /* 16-byte chunks per row */
+constexpr int TPR = 128 / BN;            /* producer threads per row of a tile */
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
+constexpr int OSTRIDE = D + 4;
+constexpr int SMEM = 1024 /* alignment */ +
+                     cmax(Q_BYTES + 2 * PA_STAGES * KV_BYTES, BM * OSTRIDE * 4 + BM * 4);
+
+static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
+static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
+static_assert(GT >= 1 && GT <= 16, "heads per tile");
+static_assert(PA_STAGES >= 2 && PA_STAGES <= 4, "pipeline depth");
+static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
+} // namespace
+
+extern "C" __constant__ int pa_prefill_ws_info[4] = {NTHREADS, SMEM, BN, QT};
+
+/* ---- mbarriers (shared memory, CTA scope) ---- */
+PA_DEV void mbar_init(u64 *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(pa_smem_addr(bar)), "r"(count) : "memory");
+}
+PA_DEV void mbar_arrive(u64 *bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(pa_smem_addr(bar))
+                 : "memory");
+}
+/* one arrival once every cp.async this thread issued before has landed */
+PA_DEV void mbar_arrive_cp_async(u64 *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(pa_smem_addr(bar)) : "memory");
+}
+/* until the phase of parity `parity` has completed */
+PA_DEV void mbar_wait(u64 *bar, u32 parity) {
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(pa_smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+/* the consumers' own barrier (named barrier 1, 256 threads) */
+PA_DEV void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+
+PA_DEV u32 swz(int rows, int r, int ch) {
+    return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa_attn_params p) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap(); /* wgmma and setmaxnreg need sm_90a (other targets compile a stub) */
+#else
+    extern __shared__ __align__(128) u8 smem_raw[];
+    __shared__ pa_work s_w;
+    __shared__ int s_lo[BM], s_hi[BM];
+    __shared__ float s_slope[PA_NATURAL ? BM : 1];
+    __shared__ __align__(8) u64 bar_q, full_k[PA_STAGES], full_v[PA_STAGES], empty_k[PA_STAGES],
+        empty_v[PA_STAGES];
+    const u32 raw = pa_smem_addr(smem_raw), base = (raw + 1023u) & ~1023u; /* swizzle period */
+    u8 *smem = smem_raw + (base - raw);
+    const u32 q_addr = base, k_addr = base + Q_BYTES, v_addr = k_addr + PA_STAGES * KV_BYTES;
+
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const int head_tile = blockIdx.x % p.head_tiles;
+    if (tid == 0) {
+        s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
+        mbar_init(&bar_q, 128);
+        for (int s = 0; s < PA_STAGES; s++) {
+            mbar_init(&full_k[s], 128);
+            mbar_init(&full_v[s], 128);
+            mbar_init(&empty_k[s], 8); /* one arrival per consumer warp */
+            mbar_init(&empty_v[s], 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const pa_work w = s_w;
+    const int tiles_per_group = p.group / GT;
+    const int hk = head_tile / tiles_per_group;
+    const int g0 = (head_tile - hk * tiles_per_group) * GT;
+    const int nt = (w.k1 - w.k0 + BN - 1) / BN;
+    pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
+    __syncthreads(); /* the last block-wide barrier: the roles part here */
+
+    if (wg == 0) {
+        /* ---- producer ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
+        /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored */
+        for (int e = tid; e < BM * CPR; e += 128) {
+            const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
+            const bool in = r < ROWS && qi < w.seqlen_q;
+            const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
+            u8 *dst = smem + swz(BM, r, c);
+            if (p.q_f32) {
+                float x[8];
+                pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
+                *(uint4 *)dst =
+                    make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+            } else {
+                pa_cp_async16(dst, (const u16 *)p.q + off, in);
+            }
+        }
+        if (p.q_f32) mbar_arrive(&bar_q); /* release: the stores above */
+        else mbar_arrive_cp_async(&bar_q);
+
+        const int row = tid / TPR, sub = tid % TPR;
+        const i64 head_bytes = (i64)hk * D * 2;
+        auto page_of = [&](int t) {
+            const int tok = w.k0 + t * BN + row;
+            return PA_PAGE != -1 && t < nt && tok < w.k1 ? ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps]
+                                                         : 0;
+        };
+        int pid = page_of(0);
+        for (int t = 0; t < nt; t++) {
+            const int s = t % PA_STAGES;
+            const u32 ph = (u32)(t / PA_STAGES) & 1u;
+            const int tok = w.k0 + t * BN + row;
+            const bool ok = tok < w.k1;
+            i64 off = 0;
+            if (ok) {
+                if (PA_PAGE == -1) off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2;
+                else off = ((i64)pid * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride) * 2;
+                off += head_bytes;
+            }
+            pid = page_of(t + 1);
+            const u8 *gk = (const u8 *)p.k_cache + off, *gv = (const u8 *)p.v_cache + off;
+            mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
+#pragma unroll 4
+            for (int i = 0; i < CPR / TPR; i++) {
+                const int ch = sub + TPR * i;
+                pa_cp_async16(smem + Q_BYTES + s * KV_BYTES + swz(BN, row, ch), gk + (ok ? ch * 16 : 0), ok);
+            }
+            mbar_arrive_cp_async(&full_k[s]);
+            mbar_wait(&empty_v[s], ph ^ 1u);
+#pragma unroll 4
+            for (int i = 0; i < CPR / TPR; i++) {
+                const int ch = sub + TPR * i;
+                pa_cp_async16(smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES + swz(BN, row, ch), gv + (ok ? ch * 16 : 0),
+                              ok);
+            }
+            mbar_arrive_cp_async(&full_v[s]);
+        }
+        pa_cp_async_wait<0>(); /* nothing in flight when the thread exits */
+        return;
+    }
+
+    /* ---- consumers ---- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    const int ctid = tid - 128, lane = tid & 31, cwarp = ctid >> 5, cw = cwarp >> 2;
+    const int R0 = cw * 64 + (cwarp & 3) * 16 + (lane >> 2);
+    pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float s[BN / 8][4];
+    u32 pa[BN / 16][4];
+    auto release = [&](u64 *bar) { /* this warp is done with a slot */
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+    auto pv = [&](int t) { /* O += P V(t); V(t) must have landed */
+        const u32 vt = v_addr + (t % PA_STAGES) * KV_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++)
+            pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt + ks * 16 * 128, BN * 128, 1024), 1);
+    };
+    mbar_wait(&bar_q, 0);
+    for (int t = 0; t < nt; t++) {
+        const int st = t % PA_STAGES;
+        mbar_wait(&full_k[st], (u32)(t / PA_STAGES) & 1u);
+        if (t > 0) mbar_wait(&full_v[(t - 1) % PA_STAGES], (u32)((t - 1) / PA_STAGES) & 1u);
+        pa_fence_proxy_async(); /* the copies (generic proxy) -> wgmma (async proxy) */
+
+        pa_fence_operands(s);
+        pa_fence_operands(o);
+        pa_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const u32 blk = kk >> 2, sb = (kk & 3) * 32;
+            const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + cw * 64 * 128 + sb, 16, 1024);
+            const u64 db = pa_wgmma_desc(k_addr + st * KV_BYTES + blk * BN * 128 + sb, 16, 1024);
+            pa_wgmma_ss<BN>(s, da, db, kk > 0);
+        }
+        pa_wgmma_commit();
+        if (t > 0) pv(t - 1);
+        pa_wgmma_commit(); /* empty at t = 0: the group count stays the same */
+        pa_wgmma_wait<1>();
+        pa_fence_operands(s);
+        release(&empty_k[st]);
+
+        float e0, e1, alpha0, alpha1;
+        const bool rescale = pa_softmax_scores<BN / 8, PA_NATURAL>(p, rs, s, w.k0 + t * BN, e0, e1, alpha0, alpha1);
+        pa_p_exp<BN / 8>(rs, s, e0, e1);
+
+        pa_wgmma_wait<0>();
+        pa_fence_operands(o);
+        if (t > 0) release(&empty_v[(t - 1) % PA_STAGES]);
+        if (rescale) pa_rescale_o(o, alpha0, alpha1);
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
+    }
+    if (nt > 0) {
+        mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
+        pa_fence_proxy_async();
+        pa_fence_operands(o);
+        pa_wgmma_fence();
+        pv(nt - 1);
+        pa_wgmma_commit();
+        pa_wgmma_wait<0>();
+        pa_fence_operands(o);
+    }
+
+    /* epilogue: both consumers are past their last tile, every copy has
+     * landed (each was waited for), so the tiles' memory is free */
+    consumers_sync();
+    float *s_o = (float *)smem, *s_lse2 = s_o + BM * OSTRIDE;
+    pa_stage_rows<D / 8>(rs, o, R0, s_o, OSTRIDE, s_lse2);
+    consumers_sync();
+    pa_write_rows_single<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, s_lse2, ctid, 256);
+#endif
+}
+
+#endif /* PA_EMBED_ONLY */
