@@ -11,7 +11,8 @@
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
-#   travel with build/), GPU_RUN_TIMEOUT_SPECS/MEMCHECK/PREFILL_MEMCHECK/BENCH
+#   travel with build/, or packed as build/kcache.tgz, unpacked here when
+#   build/kcache is missing), GPU_RUN_TIMEOUT_SPECS/MEMCHECK/PREFILL_MEMCHECK/BENCH
 #   (seconds), GPU_RUN_BENCH_ARGS (e.g. "--prefill").
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,6 +22,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 out=${OUT:-/tmp/pagedattn-gpu}
 mkdir -p "$out"
 export PAGEDATTN_KERNEL_CACHE=${PAGEDATTN_KERNEL_CACHE:-$root/build/kcache}
+if [ ! -d build/kcache ] && [ -f build/kcache.tgz ]; then tar xzf build/kcache.tgz -C build; fi
 steps=${*:-specs memcheck prefill-memcheck bench}
 # busted's launcher may be a shell function (gpu-deps); compute-sanitizer needs a program
 busted_bin=${LJ:-/opt/lj}/usr/bin/busted

@@ -1,19 +1,29 @@
--- scripts/precompile.lua [--arch ARCH] [--list FILE] [VARIANT...] -- compiles
+-- scripts/precompile.lua [--arch ARCH] [--list FILE] [--shard K/N] [VARIANT...] -- compiles
 -- kernel variants through NVRTC into the disk cache ($PAGEDATTN_KERNEL_CACHE,
 -- else $XDG_CACHE_HOME/pagedattn or ~/.cache/pagedattn), so that first calls
 -- need not compile. With no variants named: the catalog (every kernel and
 -- code path) and the benchmark's variants (decode and prefill). ARCH: "sm_90a", "sm_80", ...;
--- default: that of CUDA device 0 (needs the driver).
+-- default: that of CUDA device 0 (needs the driver). --shard K/N: only every
+-- N-th variant from the K-th (1-based), to run N compilers side by side.
 --   scripts/run scripts/precompile.lua --arch sm_90a
 local ffi = require "ffi"
 local core = require "pagedattn.core"
 local C = core.C
 
 local arch, list, variants = nil, nil, {}
+local shard_k, shard_n = 1, 1
 local i = 1
 while i <= #arg do
   if arg[i] == "--arch" then arch = arg[i + 1]; i = i + 2
   elseif arg[i] == "--list" then list = arg[i + 1]; i = i + 2
+  elseif arg[i] == "--shard" then
+    local k, n = tostring(arg[i + 1]):match("^(%d+)/(%d+)$")
+    shard_k, shard_n = tonumber(k), tonumber(n)
+    if not shard_k or shard_n < 1 or shard_k < 1 or shard_k > shard_n then
+      io.stderr:write("precompile: --shard wants K/N with 1 <= K <= N, got ", tostring(arg[i + 1]), "\n")
+      os.exit(2)
+    end
+    i = i + 2
   else variants[#variants + 1] = arg[i]; i = i + 1 end
 end
 if list then
@@ -58,19 +68,22 @@ if #variants == 0 then
   end
 end
 
-local cached = ffi.new("int[1]")
-local failed, seen = 0, {}
+local unique, seen = {}, {}
 for _, v in ipairs(variants) do
-  if not seen[v] then
-    seen[v] = true
-    local t0 = os.clock()
-    local st = C.pa_kernel_compile(core.ctx, v, arch, 1, cached)
-    if st ~= 0 then
-      failed = failed + 1
-      print(string.format("FAIL %s: %s", v, core.last_error()))
-    else
-      print(string.format("%-7s %-72s %.2fs", cached[0] == 1 and "cached" or "built", v, os.clock() - t0))
-    end
+  if not seen[v] then seen[v] = true; unique[#unique + 1] = v end
+end
+
+local cached = ffi.new("int[1]")
+local failed = 0
+for j = shard_k, #unique, shard_n do
+  local v = unique[j]
+  local t0 = os.clock()
+  local st = C.pa_kernel_compile(core.ctx, v, arch, 1, cached)
+  if st ~= 0 then
+    failed = failed + 1
+    print(string.format("FAIL %s: %s", v, core.last_error()))
+  else
+    print(string.format("%-7s %-72s %.2fs", cached[0] == 1 and "cached" or "built", v, os.clock() - t0))
   end
 end
 os.exit(failed == 0 and 0 or 1)
