@@ -45,10 +45,13 @@ constexpr int T = 8 * NWARPS;           /* keys per stage: 8 per warp */
 constexpr int ROWB = D * 2;             /* bytes of a K/V row in global memory */
 constexpr int RSTRIDE = ROWB + 16;      /* in shared memory: padded, so ldmatrix is conflict-free */
 constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
+constexpr int LINE = CPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per instruction */
+constexpr int GROUPS = NTHREADS / LINE; /* lane groups of the block */
+constexpr int RPT = T / GROUPS;         /* rows per thread and stage */
 constexpr int KV_STAGE = 2 * T * RSTRIDE;
 constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : PA_MAXP * 4;
 constexpr int ROWOFF_BYTES = 2 * T * 8; /* ring of two stages' row offsets */
-constexpr int Q_BYTES = 16 * RSTRIDE;
+constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
 constexpr int MERGE_BYTES = NWARPS * 16 * (D + 2) * 4;
 constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
 constexpr int SMEM = KV_OFF + cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
@@ -56,6 +59,7 @@ constexpr int SMEM = KV_OFF + cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
 static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
+static_assert(CPR % LINE == 0 && T % GROUPS == 0, "copy mapping");
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
@@ -117,18 +121,29 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     }
     for (int e = tid; e < 16 * CPR; e += NTHREADS) {
         const int r = e / CPR, c = e - r * CPR, qi = r / GT;
-        uint4 v = make_uint4(0, 0, 0, 0);
+        uint4 v = make_uint4(0, 0, 0, 0), vlo = v;
         if (r < ROWS && qi < w.seqlen_q) {
             const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
             if (p.q_f32) {
+                /* q = hi + lo, both in the input type: S = hi K^T + lo K^T
+                 * keeps the rotated q's f32 precision (rounding q alone
+                 * would cost up to |s| * 2^-9 in bf16) */
                 float x[8];
+                u32 h[4], l[4];
                 pa_load8<PA_DT_F32>((const float *)p.q + off, x);
-                v = make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    h[j] = pack2(x[2 * j], x[2 * j + 1]);
+                    l[j] = pack2(x[2 * j] - unpack_lo(h[j]), x[2 * j + 1] - unpack_hi(h[j]));
+                }
+                v = make_uint4(h[0], h[1], h[2], h[3]);
+                vlo = make_uint4(l[0], l[1], l[2], l[3]);
             } else {
                 v = *(const uint4 *)((const u16 *)p.q + off);
             }
         }
         *(uint4 *)(s_q + r * RSTRIDE + c * 16) = v;
+        *(uint4 *)(s_q + (16 + r) * RSTRIDE + c * 16) = vlo;
     }
 
     /* 3. the pipeline. Row offsets of stage st (bytes from the cache base;
@@ -151,17 +166,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             s_rowoff[(st & 1) * T + tid] = off;
         }
     };
+    /* The copies: lanes in groups of LINE, each group one 16 * LINE-byte
+     * piece (a whole 128-byte line at head dims that are multiples of 64) of
+     * one row per instruction; a thread's rows are g + GROUPS * r, so it
+     * loads RPT row offsets per stage and adds the pieces as immediates. */
+    const int cp_g = tid / LINE, cp_sub = tid % LINE;
     auto issue = [&](int st) {
-        u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE, *sv = sk + T * RSTRIDE;
+        u8 *sbase = s_kv + (st % PA_STAGES) * KV_STAGE;
         const i64 *ro = s_rowoff + (st & 1) * T;
 #pragma unroll
-        for (int it = 0; it < T * CPR / NTHREADS; it++) {
-            const int c = tid + it * NTHREADS, t = c / CPR, ch = c - t * CPR;
-            const i64 off = ro[t];
+        for (int r = 0; r < RPT; r++) {
+            const int row = cp_g + GROUPS * r;
+            const i64 off = ro[row];
             const bool ok = off >= 0;
-            const i64 src = (ok ? off : 0) + ch * 16;
-            pa_cp_async16(sk + t * RSTRIDE + ch * 16, (const u8 *)p.k_cache + src, ok);
-            pa_cp_async16(sv + t * RSTRIDE + ch * 16, (const u8 *)p.v_cache + src, ok);
+            const i64 src = (ok ? off : 0) + cp_sub * 16;
+            const u8 *gk = (const u8 *)p.k_cache + src, *gv = (const u8 *)p.v_cache + src;
+            u8 *sk = sbase + row * RSTRIDE + cp_sub * 16, *sv = sk + T * RSTRIDE;
+#pragma unroll
+            for (int h = 0; h < CPR / LINE; h++) {
+                pa_cp_async16(sk + h * LINE * 16, gk + h * LINE * 16, ok);
+                pa_cp_async16(sv + h * LINE * 16, gv + h * LINE * 16, ok);
+            }
         }
     };
     __syncthreads(); /* page ids, rows, Q tile */
@@ -204,14 +229,30 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         const u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE + warp * 8 * RSTRIDE;
         const u8 *sv = sk + T * RSTRIDE;
         /* S = Q K^T for this warp's 8 keys */
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        /* two accumulators: two dependent MMA chains of half the length */
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int kk = 0; kk < D / 32; kk++) {
             u32 b[4];
             ldmatrix_x4(b, sk + (lane & 7) * RSTRIDE + (kk * 32 + 8 * (lane >> 3)) * 2);
             mma16816(s, qa[2 * kk], b[0], b[1]);
-            mma16816(s, qa[2 * kk + 1], b[2], b[3]);
+            mma16816(s2, qa[2 * kk + 1], b[2], b[3]);
         }
+        if (p.q_f32) { /* the residual of the rounded q (block-uniform) */
+#pragma unroll
+            for (int kk = 0; kk < D / 32; kk++) {
+                u32 a[2][4], b[4];
+                const int mi = lane >> 3;
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    ldmatrix_x4(a[h], s_q + (16 + (lane & 7) + 8 * (mi & 1)) * RSTRIDE + ((2 * kk + h) * 16 + 8 * (mi >> 1)) * 2);
+                ldmatrix_x4(b, sk + (lane & 7) * RSTRIDE + (kk * 32 + 8 * (lane >> 3)) * 2);
+                mma16816(s, a[0], b[0], b[1]);
+                mma16816(s2, a[1], b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) s[j] += s2[j];
         /* scale, softcap, ALiBi, masks (base 2); s[0..1] row g, s[2..3] row g + 8 */
         const int kb = w.k0 + st * T + warp * 8;
         float mx0 = m0, mx1 = m1;

@@ -42,6 +42,16 @@ template <int M> PA_DEV void pa_fence_operands(float (&d)[M][4]) {
 #pragma unroll
         for (int j = 0; j < 4; j++) asm volatile("" : "+f"(d[i][j])::"memory");
 }
+/* The A fragments of an RS wgmma are read while it runs, but the compiler
+ * sees them dead once it is issued: it may reuse their registers and then has
+ * to wait for every wgmma in flight first. Fencing them after the wait that
+ * retires the wgmma keeps them live (and the wait where it is written). */
+template <int M> PA_DEV void pa_fence_operands(u32 (&d)[M][4]) {
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(d[i][j])::"memory");
+}
 
 template <int N> struct pa_wgmma_shape;
 ]])

@@ -50,6 +50,21 @@ PA_DEV u32 pack2(float lo, float hi) {
 #endif
     return r;
 }
+/* the halves of a packed pair, back to f32 */
+PA_DEV float unpack_lo(u32 v) {
+#if PA_DTYPE == PA_DT_BF16
+    return pa_bf16_to_f32((u16)(v & 0xffffu));
+#else
+    return pa_f16_to_f32((u16)(v & 0xffffu));
+#endif
+}
+PA_DEV float unpack_hi(u32 v) {
+#if PA_DTYPE == PA_DT_BF16
+    return pa_bf16_to_f32((u16)(v >> 16));
+#else
+    return pa_f16_to_f32((u16)(v >> 16));
+#endif
+}
 
 #endif /* PA_EMBED_ONLY */
 #endif /* PA_MMA_CUH */

@@ -158,7 +158,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
         for (int ks = 0; ks < BN / 16; ks++)
             pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt + ks * 16 * 128, BN * 128, 1024), 1);
     };
-    for (int t = 0; t < nt; t++) {
+    /* One iteration; WITH_PV false for tile 0 only (peeled: a conditional
+     * P V with an unconditional commit compiles to a dummy wgmma group, and
+     * waiting for "all but the last group" then waits for P V too, which
+     * serialised the softmax after it). */
+    auto step = [&](int t, auto with_pv) {
+        constexpr bool WITH_PV = decltype(with_pv)::value;
         pa_cp_async_wait<PA_STAGES - 3>();
         pa_fence_proxy_async(); /* this thread's copies (and Q stores) -> the async proxy */
         __syncthreads();        /* tile t landed for every thread; everybody is done with tile t - 2 */
@@ -175,8 +180,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
             pa_wgmma_ss<BN>(s, da, db, kk > 0);
         }
         pa_wgmma_commit();
-        if (t > 0) pv(t - 1);
-        pa_wgmma_commit(); /* empty at t = 0: the group count stays the same */
+        if constexpr (WITH_PV) {
+            pv(t - 1);
+            pa_wgmma_commit();
+        }
         /* the copies of tile t + STAGES - 2, into the ring slot of tile t - 2,
          * issued while the tensor cores work */
         if (t + PA_STAGES - 2 < nt) {
@@ -184,19 +191,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
             load_pid(t + PA_STAGES - 1);
         }
         pa_cp_async_commit();
-        pa_wgmma_wait<1>();
+        if constexpr (WITH_PV) pa_wgmma_wait<1>(); /* S(t); P V(t - 1) runs on */
+        else pa_wgmma_wait<0>();
         pa_fence_operands(s);
 
         float e0, e1, alpha0, alpha1;
         const bool rescale = pa_softmax_scores<BN / 8, PA_NATURAL>(p, rs, s, w.k0 + t * BN, e0, e1, alpha0, alpha1);
         pa_p_exp<BN / 8>(rs, s, e0, e1);
 
-        pa_wgmma_wait<0>();
-        pa_fence_operands(o);
+        if constexpr (WITH_PV) {
+            pa_wgmma_wait<0>();
+            pa_fence_operands(o);
+            pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
+        }
         if (rescale) pa_rescale_o(o, alpha0, alpha1);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
-    }
+    };
+    if (nt > 0) step(0, pa_bool<false>{});
+    for (int t = 1; t < nt; t++) step(t, pa_bool<true>{});
     if (nt > 0) {
         pa_fence_operands(o);
         pa_wgmma_fence();

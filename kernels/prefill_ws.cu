@@ -11,9 +11,11 @@
  * per consumer warp). Two consumer warpgroups (224 registers) own 64 rows of
  * (query, head) pairs each and run the p3 loop of prefill_wgmma.cu -- S(t)
  * and P V(t - 1) back to back, the softmax of tile t under P V(t - 1) --
- * without any block-wide barrier, so they drift apart and each one's softmax
- * runs under the other's products, and the gather's instructions stay out of
- * their issue slots.
+ * without any block-wide barrier, the gather's instructions out of their
+ * issue slots. The consumers take turns to issue their products (ping-pong
+ * on two named barriers, flash-attention 3's schedule): consumer 1's S and
+ * P V queue behind consumer 0's, so each one's softmax runs under the
+ * other's products and the tensor cores always have work queued.
  *
  * Each producer thread copies one row of every tile (TPR threads per row),
  * so it resolves one page per tile: its page id loaded a tile ahead, one
@@ -81,6 +83,17 @@ PA_DEV void mbar_wait(u64 *bar, u32 parity) {
 }
 /* the consumers' own barrier (named barrier 1, 256 threads) */
 PA_DEV void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+/* Ping-pong of the consumers' products: named barrier 2 + c is consumer c's
+ * turn; it waits on its own (128 threads) until the other one, having issued
+ * its products, arrives (128 more). */
+PA_DEV void turn_wait(int c) {
+    if (c == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    else asm volatile("bar.sync 3, 256;\n" ::: "memory");
+}
+PA_DEV void turn_pass(int c) {
+    if (c == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+    else asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+}
 
 PA_DEV u32 swz(int rows, int r, int ch) {
     return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
@@ -207,14 +220,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
             pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt + ks * 16 * 128, BN * 128, 1024), 1);
     };
     mbar_wait(&bar_q, 0);
-    for (int t = 0; t < nt; t++) {
+    if (cw == 1) turn_pass(1); /* consumer 0 issues first */
+    /* one iteration; WITH_PV false for tile 0 only (peeled, see prefill_wgmma.cu) */
+    auto step = [&](int t, auto with_pv) {
+        constexpr bool WITH_PV = decltype(with_pv)::value;
         const int st = t % PA_STAGES;
         mbar_wait(&full_k[st], (u32)(t / PA_STAGES) & 1u);
-        if (t > 0) mbar_wait(&full_v[(t - 1) % PA_STAGES], (u32)((t - 1) / PA_STAGES) & 1u);
+        if constexpr (WITH_PV) mbar_wait(&full_v[(t - 1) % PA_STAGES], (u32)((t - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async(); /* the copies (generic proxy) -> wgmma (async proxy) */
 
         pa_fence_operands(s);
         pa_fence_operands(o);
+        turn_wait(cw);
         pa_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
@@ -224,9 +241,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
             pa_wgmma_ss<BN>(s, da, db, kk > 0);
         }
         pa_wgmma_commit();
-        if (t > 0) pv(t - 1);
-        pa_wgmma_commit(); /* empty at t = 0: the group count stays the same */
-        pa_wgmma_wait<1>();
+        if constexpr (WITH_PV) {
+            pv(t - 1);
+            pa_wgmma_commit();
+        }
+        turn_pass(cw); /* the other consumer's products queue behind these */
+        if constexpr (WITH_PV) pa_wgmma_wait<1>();
+        else pa_wgmma_wait<0>();
         pa_fence_operands(s);
         release(&empty_k[st]);
 
@@ -234,13 +255,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         const bool rescale = pa_softmax_scores<BN / 8, PA_NATURAL>(p, rs, s, w.k0 + t * BN, e0, e1, alpha0, alpha1);
         pa_p_exp<BN / 8>(rs, s, e0, e1);
 
-        pa_wgmma_wait<0>();
-        pa_fence_operands(o);
-        if (t > 0) release(&empty_v[(t - 1) % PA_STAGES]);
+        if constexpr (WITH_PV) {
+            pa_wgmma_wait<0>();
+            pa_fence_operands(o);
+            pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
+            release(&empty_v[(t - 1) % PA_STAGES]);
+        }
         if (rescale) pa_rescale_o(o, alpha0, alpha1);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
-    }
+    };
+    if (nt > 0) step(0, pa_bool<false>{});
+    for (int t = 1; t < nt; t++) step(t, pa_bool<true>{});
+    if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async();

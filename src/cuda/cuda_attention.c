@@ -53,6 +53,7 @@ typedef struct kernel_plan {
     int capacity;    /* blocks resident at once on the whole GPU */
     bool longest_first; /* order the work items by length, longest first */
     bool no_split;      /* one work item per query tile (the kernel writes out/lse directly) */
+    bool tail_splits;   /* more than a wave of tiles: split when that fills the last wave better */
 } kernel_plan;
 
 /* Which kernel a sequence runs on. */
@@ -103,6 +104,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
             if (G % d == 0) gt = d;
         /* 4 stages: measured best on the H200 (kernels/NOTES.md) */
         const int stages = env_int("PAGEDATTN_DECODE_STAGES", 4, 2, 8);
+        kp->tail_splits = true;
         snprintf(variant, sizeof variant, "%s dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
                  mma ? "decode_mma" : "decode", dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
         st = pa_cuda_module(ctx, impl, variant, &m);
@@ -135,7 +137,8 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         const bool ws = hopper && force && strcmp(force, "ws") == 0;
         const bool wgmma = hopper && !ws && !(force && strcmp(force, "mma") == 0);
         if (ws) {
-            const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 2, 2, 4);
+            /* shared memory holds 4 stages at head dim 64, 3 at 128, 2 at 256 */
+            const int stages = env_int("PAGEDATTN_PREFILL_STAGES", D <= 128 ? 3 : 2, 2, D <= 64 ? 4 : D <= 128 ? 3 : 2);
             snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
                      dtype_str(p->dtype), D, gt, page, stages, natural);
         } else if (wgmma) {
@@ -228,6 +231,31 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
             }
             if ((double)blocks > budget) break;
             auto_chunk = c;
+            if (c <= kp->tokens) break;
+        }
+    } else if (p->num_splits == 0 && forced_chunk == 0 && total_len > 0 && kp->tail_splits) {
+        /* More than a wave: the last wave may run nearly empty (512 blocks
+         * on 396 slots take two full block times). Model the time of k splits
+         * as waves x (chunk + start-up), the start-up counted as TAIL_STARTUP
+         * keys, and take the best k (1 unless splitting fills waves better). */
+        enum { TAIL_STARTUP = 128, TAIL_MAX_SPLITS = 8 };
+        double best = -1.0;
+        int64_t prev_c = 0;
+        for (int k = 1; k <= TAIL_MAX_SPLITS; k++) {
+            const int64_t c = ALIGN_UP((max_len + k - 1) / k, kp->tokens);
+            if (k > 1 && c >= prev_c) break; /* no shorter than k - 1 splits */
+            prev_c = c;
+            int64_t blocks = 0;
+            for (int64_t t = 0; t < ntiles; t++) {
+                const int64_t len = tiles[t].hi - tiles[t].lo;
+                blocks += (len > 0 ? (len + c - 1) / c : 1) * kp->head_tiles;
+            }
+            const int64_t nwaves = (blocks + kp->capacity - 1) / kp->capacity;
+            const double cost = (double)nwaves * (double)(c + TAIL_STARTUP);
+            if (best < 0.0 || cost < best) {
+                best = cost;
+                auto_chunk = c;
+            }
             if (c <= kp->tokens) break;
         }
     }

@@ -441,6 +441,7 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
     int nopts = 0;
     opts[nopts++] = arch_opt;
     opts[nopts++] = "--std=c++17";
+    opts[nopts++] = "-default-device"; /* unannotated functions (generic lambdas: the prefill kernels' peeled steps) are device code */
     opts[nopts++] = "-lineinfo"; /* source lines in compute-sanitizer reports */
     for (int i = 0; i < v->ndefines; i++) opts[nopts++] = v->defines[i];
 
