@@ -36,9 +36,8 @@ template <int M> PA_DEV void pa_fence_operands(float (&d)[M][4]) {
         for (int j = 0; j < 4; j++) asm volatile("" : "+f"(d[i][j])::"memory");
 }
 /* The A fragments of an RS wgmma are read while it runs, but the compiler
- * sees them dead once it is issued: it may reuse their registers and then has
- * to wait for every wgmma in flight first. Fencing them after the wait that
- * retires the wgmma keeps them live (and the wait where it is written). */
+ * sees them dead once it is issued; fencing them after the wait that retires
+ * the wgmma keeps them live (untouched) until then. */
 template <int M> PA_DEV void pa_fence_operands(u32 (&d)[M][4]) {
 #pragma unroll
     for (int i = 0; i < M; i++)

@@ -204,8 +204,9 @@ typedef struct tile_range {
  * and arrival counters the splits need. */
 static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles,
                          int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters) {
-    /* Splits: only when the tiles alone give fewer blocks than the GPU holds
-     * at once; then into about one wave of equal blocks. Each block pays a
+    /* Splits: when the tiles alone give fewer blocks than the GPU holds at
+     * once, into about one wave of equal blocks; beyond a wave (decode only),
+     * when splitting fills the last wave better (below). Each block pays a
      * start-up (its work item, page ids, Q, the first stages' latency) and a
      * merge, which measurements put at several microseconds: fewer, longer
      * blocks win whenever there are enough of them. */
