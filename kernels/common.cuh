@@ -27,6 +27,7 @@ typedef long long i64;
 #define PA_INF __int_as_float(0x7f800000)
 
 #define PA_DEV __device__ __forceinline__
+__host__ __device__ constexpr int pa_cmax(int a, int b) { return a > b ? a : b; }
 /* a compile-time flag passed as a value (a generic lambda's `auto` argument) */
 template <bool B> struct pa_bool {
     static constexpr bool value = B;

@@ -34,7 +34,6 @@
 #define NTHREADS 128
 
 namespace {
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 __host__ __device__ constexpr int pow2ceil(int x) { return x <= 1 ? 1 : 2 * pow2ceil((x + 1) / 2); }
 
@@ -46,13 +45,13 @@ constexpr int BDX = pow2ceil(NCH);      /* lanes per token group (shuffle width)
 constexpr int BDY = NTHREADS / BDX;     /* token groups */
 constexpr int ROWB = D * ESZ;           /* bytes of one K (or V) row */
 constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
-constexpr int TPG_BYTES = cmin(8, cmax(1, 16384 / (2 * ROWB * BDY)));
-constexpr int TPG = TPG_BYTES * ROWS > 32 ? cmax(1, 32 / ROWS) : TPG_BYTES; /* tokens per group per stage */
+constexpr int TPG_BYTES = cmin(8, pa_cmax(1, 16384 / (2 * ROWB * BDY)));
+constexpr int TPG = TPG_BYTES * ROWS > 32 ? pa_cmax(1, 32 / ROWS) : TPG_BYTES; /* tokens per group per stage */
 constexpr int T = BDY * TPG;            /* tokens per stage */
 constexpr int STAGE_BYTES = 2 * T * ROWB;
 constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : PA_MAXP * 4;
 constexpr int MERGE_BYTES = ROWS * BDY * (D + 2) * 4;
-constexpr int SMEM = PAGES_BYTES + cmax(PA_STAGES * STAGE_BYTES, MERGE_BYTES);
+constexpr int SMEM = PAGES_BYTES + pa_cmax(PA_STAGES * STAGE_BYTES, MERGE_BYTES);
 constexpr int CHUNKS = T * CPR;         /* 16-byte copies per stage, per K and per V */
 /* q and the accumulators take 16 registers per row: 4 blocks of 128 threads
  * per SM fit up to 4 rows; 8 rows get 2 blocks and twice the registers. */

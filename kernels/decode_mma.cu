@@ -37,8 +37,6 @@
 #define NWARPS 4
 
 namespace {
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
-
 constexpr int D = PA_D;
 constexpr int NQ = PA_NQ, GT = PA_GT, ROWS = NQ * GT;
 constexpr int T = 8 * NWARPS;           /* keys per stage: 8 per warp */
@@ -54,7 +52,7 @@ constexpr int ROWOFF_BYTES = 2 * T * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
 constexpr int MERGE_BYTES = NWARPS * 16 * (D + 2) * 4;
 constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
-constexpr int SMEM = KV_OFF + cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
+constexpr int SMEM = KV_OFF + pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
 
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
 static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");

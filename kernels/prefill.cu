@@ -41,8 +41,6 @@
 #endif
 
 namespace {
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
-
 constexpr int D = PA_D;
 constexpr int BM = 128;                   /* rows per block: 8 warps x 16 */
 constexpr int NWARPS = BM / 16, NTHREADS = NWARPS * 32;
@@ -56,7 +54,7 @@ constexpr int CPT = (CHUNKS + NTHREADS - 1) / NTHREADS; /* chunks per thread per
 constexpr int Q_BYTES = BM * RSTRIDE;
 constexpr int KV_STAGE = 2 * BN * RSTRIDE;
 constexpr int OSTRIDE = D + 4;            /* f32 epilogue rows: conflict-free float2 stores */
-constexpr int SMEM = cmax(Q_BYTES + PA_STAGES * KV_STAGE, BM * OSTRIDE * 4);
+constexpr int SMEM = pa_cmax(Q_BYTES + PA_STAGES * KV_STAGE, BM * OSTRIDE * 4);
 
 static_assert(D % 16 == 0 && D >= 16 && D <= 256, "head dim");
 static_assert(GT >= 1 && GT <= 16, "heads per tile");
@@ -137,8 +135,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     const u32 v_lane = pa_smem_addr(s_kv) + BN * RSTRIDE + ((lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
 
     float o[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    pa_zero(o);
 
     for (int t = 0; t < nt; t++) {
         pa_cp_async_wait<PA_STAGES - 2>();
@@ -201,13 +198,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     /* 3. normalise, stage O (f32) and the rows' log2-sum-exp */
     pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
     __syncthreads();
-    const float *s_o = (const float *)smem;
-    auto lse2_of = [&](int r) { return s_lse2[r]; };
-    if (w.nsplit == 1)
-        pa_write_rows_single<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, s_lse2, threadIdx.x, NTHREADS);
-    else
-        pa_write_rows<PA_DTYPE>(
-            p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; }, lse2_of, &s_flag);
+    pa_prefill_write<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, head_tile, (const float *)smem, OSTRIDE, s_lse2, NTHREADS,
+                                      &s_flag);
 }
 
 #endif /* PA_EMBED_ONLY */

@@ -165,6 +165,11 @@ PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&
     return rescale;
 }
 
+template <int N> PA_DEV void pa_zero(float (&a)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++) a[n][0] = a[n][1] = a[n][2] = a[n][3] = 0.f;
+}
+
 template <int NO> PA_DEV void pa_rescale_o(float (&o)[NO][4], float alpha0, float alpha1) {
 #pragma unroll
     for (int n = 0; n < NO; n++) {
@@ -274,6 +279,20 @@ __device__ void pa_write_rows_single(const pa_attn_params &p, const pa_work &w, 
             ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
         }
     }
+}
+
+/* The prefill epilogue's write of a block's rows from s_o (f32, normalised,
+ * row stride ostride) and s_lse2: out/lse directly when the block is its
+ * rows' only split, else the split's partial and the fused combine. */
+template <int DT, int D, int GT>
+__device__ void pa_prefill_write(const pa_attn_params &p, const pa_work &w, int rows, int hk, int g0, int head_tile,
+                                 const float *s_o, int ostride, const float *s_lse2, int nthreads, int *s_flag) {
+    if (w.nsplit == 1)
+        pa_write_rows_single<DT, D, GT>(p, w, rows, hk, g0, s_o, ostride, s_lse2, threadIdx.x, nthreads);
+    else
+        pa_write_rows<DT>(
+            p, w, rows, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * ostride + d]; },
+            [&](int r) { return s_lse2[r]; }, s_flag);
 }
 
 #endif /* PA_EMBED_ONLY */

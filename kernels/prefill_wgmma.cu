@@ -28,8 +28,7 @@
  * (0/1).
  */
 #ifndef PA_EMBED_ONLY
-#include "prefill_common.cuh"
-#include "wgmma.cuh"
+#include "prefill_wgmma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
     !defined(PA_NATURAL)
@@ -37,8 +36,6 @@
 #endif
 
 namespace {
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
-
 constexpr int D = PA_D;
 constexpr int BM = 128, NTHREADS = 256; /* two warpgroups of 64 rows */
 constexpr int BN = D <= 128 ? 128 : 32; /* keys per tile (3 stages fit) */
@@ -49,7 +46,7 @@ constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;    /* one K (or V) tile */
 constexpr int STAGE_BYTES = 2 * KV_BYTES;
 constexpr int OSTRIDE = D + 4;
-constexpr int SMEM = 1024 /* alignment */ + cmax(Q_BYTES + PA_STAGES * STAGE_BYTES, BM * OSTRIDE * 4 + BM * 4);
+constexpr int SMEM = 1024 /* alignment */ + pa_cmax(Q_BYTES + PA_STAGES * STAGE_BYTES, BM * OSTRIDE * 4 + BM * 4);
 static_assert(3 * BM * 4 <= STAGE_BYTES, "row ranges and slopes fit in a ring slot");
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
@@ -60,12 +57,6 @@ static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a powe
 } // namespace
 
 extern "C" __constant__ int pa_prefill_wgmma_info[4] = {NTHREADS, SMEM, BN, QT};
-
-/* Byte offset of 16-byte chunk ch (of the head dim) of row r in a swizzled
- * tile of `rows` rows. */
-PA_DEV u32 swz(int rows, int r, int ch) {
-    return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-}
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const pa_attn_params p) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -98,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
 
     /* 1. rows, and the Q tile (swizzled) */
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
-    pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, NTHREADS, [&](int r, int c) { return smem + swz(BM, r, c); });
+    pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, NTHREADS, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
 
     /* 2. the K/V ring. Each thread copies one row of every tile: row
      * tid / TPR, chunks tid % TPR + TPR * i (neighbouring lanes fill each
@@ -122,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
 #pragma unroll
         for (int i = 0; i < CPR / TPR; i++) {
             const int ch = my_sub + TPR * i;
-            const u32 dst = swz(BN, my_row, ch);
+            const u32 dst = pa_swz(BN, my_row, ch);
             pa_cp_async16(sk + dst, gk + (ok ? ch * 16 : 0), ok);
             pa_cp_async16(sv + dst, gv + (ok ? ch * 16 : 0), ok);
         }
@@ -142,8 +133,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
 
     float o[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    pa_zero(o);
     float s[BN / 8][4];
 
     /* Iteration t: S(t) = Q K(t)^T and O += P(t - 1) V(t - 1) issued back to
@@ -152,12 +142,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
      * for within its iteration (a wgmma group in flight across the loop's back
      * edge makes ptxas serialise every wgmma of the kernel, C7514). */
     u32 pa[BN / 16][4];
-    auto pv = [&](int t) { /* O += P V(t): P from registers, V MN-major, 16 keys per step */
-        const u32 vt = kv_addr + (t % PA_STAGES) * STAGE_BYTES + KV_BYTES;
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++)
-            pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt + ks * 16 * 128, BN * 128, 1024), 1);
-    };
+    auto v_tile = [&](int t) { return kv_addr + (t % PA_STAGES) * STAGE_BYTES + KV_BYTES; };
     /* One iteration; WITH_PV false for tile 0 only (peeled: a conditional
      * P V with an unconditional commit compiles to a dummy wgmma group, and
      * waiting for "all but the last group" then waits for P V too, which
@@ -172,16 +157,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
         pa_fence_operands(s);
         pa_fence_operands(o);
         pa_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const u32 blk = kk >> 2, sub = (kk & 3) * 32;
-            const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + wg * 64 * 128 + sub, 16, 1024);
-            const u64 db = pa_wgmma_desc(kt_addr + blk * BN * 128 + sub, 16, 1024);
-            pa_wgmma_ss<BN>(s, da, db, kk > 0);
-        }
+        pa_wg_qk<D, BM, BN>(s, q_addr, wg, kt_addr);
         pa_wgmma_commit();
         if constexpr (WITH_PV) {
-            pv(t - 1);
+            pa_wg_pv<D, BN>(o, pa, v_tile(t - 1));
             pa_wgmma_commit();
         }
         /* the copies of tile t + STAGES - 2, into the ring slot of tile t - 2,
@@ -195,42 +174,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
         else pa_wgmma_wait<0>();
         pa_fence_operands(s);
 
-        float e0, e1, alpha0, alpha1;
-        const bool rescale = pa_softmax_scores<BN / 8, PA_NATURAL>(p, rs, s, w.k0 + t * BN, e0, e1, alpha0, alpha1);
-        pa_p_exp<BN / 8>(rs, s, e0, e1);
-
-        if constexpr (WITH_PV) {
-            pa_wgmma_wait<0>();
-            pa_fence_operands(o);
-            pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
-        }
-        if (rescale) pa_rescale_o(o, alpha0, alpha1);
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV>(p, rs, s, o, pa, w.k0 + t * BN, [] {});
     };
     if (nt > 0) step(0, pa_bool<false>{});
     for (int t = 1; t < nt; t++) step(t, pa_bool<true>{});
-    if (nt > 0) {
-        pa_fence_operands(o);
-        pa_wgmma_fence();
-        pv(nt - 1);
-        pa_wgmma_commit();
-        pa_wgmma_wait<0>();
-        pa_fence_operands(o);
-    }
+    if (nt > 0) pa_wg_pv_last<D, BN>(o, pa, v_tile(nt - 1));
     pa_cp_async_wait<0>();
     __syncthreads(); /* the tiles' memory becomes the epilogue's */
 
     /* 3. normalise, stage O (f32) and the rows' log2-sum-exp, write */
     pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
     __syncthreads();
-    const float *s_o = (const float *)smem;
-    auto lse2_of = [&](int r) { return s_lse2[r]; };
-    if (w.nsplit == 1)
-        pa_write_rows_single<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, s_lse2, threadIdx.x, NTHREADS);
-    else
-        pa_write_rows<PA_DTYPE>(
-            p, w, ROWS, GT, hk, g0, head_tile, [&](int r, int d) { return s_o[r * OSTRIDE + d]; }, lse2_of, &s_flag);
+    pa_prefill_write<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, head_tile, (const float *)smem, OSTRIDE, s_lse2, NTHREADS,
+                                      &s_flag);
 #endif
 }
 

@@ -29,8 +29,7 @@
  * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1).
  */
 #ifndef PA_EMBED_ONLY
-#include "prefill_common.cuh"
-#include "wgmma.cuh"
+#include "prefill_wgmma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
     !defined(PA_NATURAL)
@@ -38,8 +37,6 @@
 #endif
 
 namespace {
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
-
 constexpr int D = PA_D;
 constexpr int BM = 128, NTHREADS = 384;  /* producer + two consumers of 64 rows */
 constexpr int BN = D <= 128 ? 128 : 64;  /* keys per tile */
@@ -50,7 +47,7 @@ constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
 constexpr int OSTRIDE = D + 4;
 constexpr int SMEM = 1024 /* alignment */ +
-                     cmax(Q_BYTES + 2 * PA_STAGES * KV_BYTES, BM * OSTRIDE * 4 + BM * 4);
+                     pa_cmax(Q_BYTES + 2 * PA_STAGES * KV_BYTES, BM * OSTRIDE * 4 + BM * 4);
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -93,10 +90,6 @@ PA_DEV void turn_wait(int c) {
 PA_DEV void turn_pass(int c) {
     if (c == 0) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
     else asm volatile("bar.arrive 2, 256;\n" ::: "memory");
-}
-
-PA_DEV u32 swz(int rows, int r, int ch) {
-    return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa_attn_params p) {
@@ -144,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
             const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
             const bool in = r < ROWS && qi < w.seqlen_q;
             const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
-            u8 *dst = smem + swz(BM, r, c);
+            u8 *dst = smem + pa_swz(BM, r, c);
             if (p.q_f32) {
                 float x[8];
                 pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
@@ -182,14 +175,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
 #pragma unroll 4
             for (int i = 0; i < CPR / TPR; i++) {
                 const int ch = sub + TPR * i;
-                pa_cp_async16(smem + Q_BYTES + s * KV_BYTES + swz(BN, row, ch), gk + (ok ? ch * 16 : 0), ok);
+                pa_cp_async16(smem + Q_BYTES + s * KV_BYTES + pa_swz(BN, row, ch), gk + (ok ? ch * 16 : 0), ok);
             }
             mbar_arrive_cp_async(&full_k[s]);
             mbar_wait(&empty_v[s], ph ^ 1u);
 #pragma unroll 4
             for (int i = 0; i < CPR / TPR; i++) {
                 const int ch = sub + TPR * i;
-                pa_cp_async16(smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES + swz(BN, row, ch), gv + (ok ? ch * 16 : 0),
+                pa_cp_async16(smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES + pa_swz(BN, row, ch), gv + (ok ? ch * 16 : 0),
                               ok);
             }
             mbar_arrive_cp_async(&full_v[s]);
@@ -205,20 +198,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
 
     float o[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    pa_zero(o);
     float s[BN / 8][4];
     u32 pa[BN / 16][4];
     auto release = [&](u64 *bar) { /* this warp is done with a slot */
         __syncwarp();
         if (lane == 0) mbar_arrive(bar);
     };
-    auto pv = [&](int t) { /* O += P V(t); V(t) must have landed */
-        const u32 vt = v_addr + (t % PA_STAGES) * KV_BYTES;
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++)
-            pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(vt + ks * 16 * 128, BN * 128, 1024), 1);
-    };
+    auto v_tile = [&](int t) { return v_addr + (t % PA_STAGES) * KV_BYTES; }; /* V(t) must have landed */
     mbar_wait(&bar_q, 0);
     if (cw == 1) turn_pass(1); /* consumer 0 issues first */
     /* one iteration; WITH_PV false for tile 0 only (peeled, see prefill_wgmma.cu) */
@@ -233,16 +220,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         pa_fence_operands(o);
         turn_wait(cw);
         pa_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const u32 blk = kk >> 2, sb = (kk & 3) * 32;
-            const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + cw * 64 * 128 + sb, 16, 1024);
-            const u64 db = pa_wgmma_desc(k_addr + st * KV_BYTES + blk * BN * 128 + sb, 16, 1024);
-            pa_wgmma_ss<BN>(s, da, db, kk > 0);
-        }
+        pa_wg_qk<D, BM, BN>(s, q_addr, cw, k_addr + st * KV_BYTES);
         pa_wgmma_commit();
         if constexpr (WITH_PV) {
-            pv(t - 1);
+            pa_wg_pv<D, BN>(o, pa, v_tile(t - 1));
             pa_wgmma_commit();
         }
         turn_pass(cw); /* the other consumer's products queue behind these */
@@ -251,19 +232,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         pa_fence_operands(s);
         release(&empty_k[st]);
 
-        float e0, e1, alpha0, alpha1;
-        const bool rescale = pa_softmax_scores<BN / 8, PA_NATURAL>(p, rs, s, w.k0 + t * BN, e0, e1, alpha0, alpha1);
-        pa_p_exp<BN / 8>(rs, s, e0, e1);
-
-        if constexpr (WITH_PV) {
-            pa_wgmma_wait<0>();
-            pa_fence_operands(o);
-            pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
-            release(&empty_v[(t - 1) % PA_STAGES]);
-        }
-        if (rescale) pa_rescale_o(o, alpha0, alpha1);
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV>(p, rs, s, o, pa, w.k0 + t * BN,
+                                               [&] { release(&empty_v[(t - 1) % PA_STAGES]); });
     };
     if (nt > 0) step(0, pa_bool<false>{});
     for (int t = 1; t < nt; t++) step(t, pa_bool<true>{});
@@ -271,12 +241,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async();
-        pa_fence_operands(o);
-        pa_wgmma_fence();
-        pv(nt - 1);
-        pa_wgmma_commit();
-        pa_wgmma_wait<0>();
-        pa_fence_operands(o);
+        pa_wg_pv_last<D, BN>(o, pa, v_tile(nt - 1));
     }
 
     /* epilogue: both consumers are past their last tile, every copy has

@@ -68,6 +68,11 @@ local function tables(rng)
   return bt, lens
 end
 
+-- The tables as i32 tensors on dev, written from the host.
+local function upload(bt, lens, dev)
+  return assert(pa.from_table(bt, { B, W }, "i32", dev)), assert(pa.from_table(lens, { B }, "i32", dev))
+end
+
 local function attend(p, bt, cs)
   local out = assert(pa.tensor({ B, 1, HQ, D }, "f32", p.dev))
   assert(pa.attention_with_kvcache(p.q, p.kc, p.vc, { block_table = bt, cache_seqlens = cs, out = out }))
@@ -76,8 +81,7 @@ end
 
 -- What attention gives on the same device with fresh tensors of these tables.
 local function truth(p, bt, lens)
-  return attend(p, assert(pa.from_table(bt, { B, W }, "i32", p.dev)),
-    assert(pa.from_table(lens, { B }, "i32", p.dev)))
+  return attend(p, upload(bt, lens, p.dev))
 end
 
 -- Writes values into a fresh i32 tensor in two partial writes: it holds them,
@@ -98,14 +102,20 @@ local function mirror_cases(dev, name)
   local tol = staged and 1e-6 or 1e-4 -- CUDA vs CPU kernels: f32 rounding
   local same = staged and 1e-6 or 1e-5 -- the same call twice on the device
 
-  it("attention with tables written from the host does not download them, and is right", function()
-    local seed = H.seed("mirror tables " .. name)
+  -- a case's problem on dev, its rng, and its first tables (uploaded)
+  local function setup(label)
+    local seed = H.seed(label .. " " .. name)
     local rng = ref.rng(seed)
+    local p = problem(dev, seed)
     local bt, lens = tables(rng)
-    local p, pc = problem(dev, seed), problem(cpu, seed)
-    local want = attend(pc, assert(pa.from_table(bt, { B, W }, "i32", cpu)), assert(pa.from_table(lens, { B }, "i32", cpu)))
-    local dbt = assert(pa.from_table(bt, { B, W }, "i32", dev))
-    local dcs = assert(pa.from_table(lens, { B }, "i32", dev))
+    local dbt, dcs = upload(bt, lens, dev)
+    return p, rng, bt, lens, dbt, dcs, seed
+  end
+
+  it("attention with tables written from the host does not download them, and is right", function()
+    local p, _, bt, lens, dbt, dcs, seed = setup("mirror tables")
+    local pc = problem(cpu, seed)
+    local want = attend(pc, upload(bt, lens, cpu))
     local n, got = count(function() return attend(p, dbt, dcs) end)
     assert.equal(0, n)
     near(got, want, tol, "paged decode on " .. name .. " vs the CPU")
@@ -121,13 +131,8 @@ local function mirror_cases(dev, name)
   end)
 
   it("a device-to-device copy from an unmirrored tensor: attention downloads the new contents", function()
-    local seed = H.seed("mirror copy " .. name)
-    local rng = ref.rng(seed)
-    local p = problem(dev, seed)
-    local bt, lens = tables(rng)
+    local p, rng, bt, lens, dbt, dcs = setup("mirror copy")
     local bt2, lens2 = tables(rng)
-    local dbt = assert(pa.from_table(bt, { B, W }, "i32", dev))
-    local dcs = assert(pa.from_table(lens, { B }, "i32", dev))
     local old = attend(p, dbt, dcs)
     dbt:copy_from(unmirrored(bt2, { B, W }, dev))
     dcs:copy_from(unmirrored(lens2, { B }, dev))
@@ -147,13 +152,8 @@ local function mirror_cases(dev, name)
   end)
 
   it("a copy from a mirrored tensor carries the mirror", function()
-    local seed = H.seed("mirror copy mirrored " .. name)
-    local rng = ref.rng(seed)
-    local p = problem(dev, seed)
-    local bt, lens = tables(rng)
+    local p, rng, _, _, dbt, dcs = setup("mirror copy mirrored")
     local bt2, lens2 = tables(rng)
-    local dbt = assert(pa.from_table(bt, { B, W }, "i32", dev))
-    local dcs = assert(pa.from_table(lens, { B }, "i32", dev))
     attend(p, dbt, dcs)
     dbt:copy_from(assert(pa.from_table(bt2, { B, W }, "i32", dev)))
     dcs:copy_from(assert(pa.from_table(lens2, { B }, "i32", dev)))
@@ -163,12 +163,7 @@ local function mirror_cases(dev, name)
   end)
 
   it("partial writes keep a mirror up to date; fills make one", function()
-    local seed = H.seed("mirror partial " .. name)
-    local rng = ref.rng(seed)
-    local p = problem(dev, seed)
-    local bt, lens = tables(rng)
-    local dbt = assert(pa.from_table(bt, { B, W }, "i32", dev))
-    local dcs = assert(pa.from_table(lens, { B }, "i32", dev))
+    local p, rng, bt, lens, dbt, dcs = setup("mirror partial")
     attend(p, dbt, dcs)
     -- sequence 2 gets other pages (the spare ones past B * W) and every
     -- sequence a new length
@@ -193,13 +188,8 @@ local function mirror_cases(dev, name)
   end)
 
   it("a tensor whose address was handed out is never mirrored again", function()
-    local seed = H.seed("mirror exposed " .. name)
-    local rng = ref.rng(seed)
-    local p = problem(dev, seed)
-    local bt, lens = tables(rng)
+    local p, rng, bt, lens, dbt, dcs = setup("mirror exposed")
     local bt2 = tables(rng)
-    local dbt = assert(pa.from_table(bt, { B, W }, "i32", dev))
-    local dcs = assert(pa.from_table(lens, { B }, "i32", dev))
     assert.equal(0, (count(function() return attend(p, dbt, dcs) end)))
     local ptr = dbt:data_ptr()
     if staged then

@@ -1,0 +1,78 @@
+/*
+ * prefill_wgmma.cuh -- the steps the two Hopper prefill kernels share
+ * (prefill_wgmma.cu, prefill_ws.cu): the products of one warpgroup's 64 rows
+ * on wgmma, and the softmax of a tile while the previous tile's P V runs.
+ * Tiles live in shared memory in the 128-byte swizzle layout (64-column
+ * blocks of rows x 128 bytes; prefill_wgmma.cu's header comment).
+ */
+#ifndef PA_PREFILL_WGMMA_CUH
+#define PA_PREFILL_WGMMA_CUH
+#ifndef PA_EMBED_ONLY
+
+#include "prefill_common.cuh"
+#include "wgmma.cuh"
+
+/* Byte offset of 16-byte chunk ch of row r in a tile of `rows` rows in the
+ * 128-byte swizzle layout: 64-column blocks of rows x 128 bytes, chunk c of
+ * row r at c ^ (r % 8) within its 128-byte line. */
+PA_DEV u32 pa_swz(int rows, int r, int ch) {
+    return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+
+/* Issue S = Q K^T for warpgroup wg's 64 rows of the BM-row Q tile at q_addr
+ * and the BN-key K tile at k_addr (both K-major), 16 columns of the head dim
+ * per wgmma. Not committed. */
+template <int D, int BM, int BN>
+PA_DEV void pa_wg_qk(float (&s)[BN / 8][4], u32 q_addr, int wg, u32 k_addr) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const u32 blk = kk >> 2, sub = (kk & 3) * 32;
+        const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + wg * 64 * 128 + sub, 16, 1024);
+        const u64 db = pa_wgmma_desc(k_addr + blk * BN * 128 + sub, 16, 1024);
+        pa_wgmma_ss<BN>(s, da, db, kk > 0);
+    }
+}
+
+/* Issue O += P V for the BN-key V tile at v_addr (MN-major), P from
+ * registers, 16 keys per wgmma. Not committed. */
+template <int D, int BN>
+PA_DEV void pa_wg_pv(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++)
+        pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(v_addr + ks * 16 * 128, BN * 128, 1024), 1);
+}
+
+/* The softmax of the tile whose scores s (keys from kt) have landed, while
+ * P V of the previous tile may still run (WITH_PV): P in place of the
+ * scores; then, once that P V has retired (after_wait() runs there), O
+ * rescaled and P packed into pa for the next P V. */
+template <int BN, int NATURAL, bool WITH_PV, int NO, typename F>
+PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
+                          u32 (&pa)[BN / 16][4], int kt, F after_wait) {
+    float e0, e1, alpha0, alpha1;
+    const bool rescale = pa_softmax_scores<BN / 8, NATURAL>(p, rs, s, kt, e0, e1, alpha0, alpha1);
+    pa_p_exp<BN / 8>(rs, s, e0, e1);
+    if constexpr (WITH_PV) {
+        pa_wgmma_wait<0>();
+        pa_fence_operands(o);
+        pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
+        after_wait();
+    }
+    if (rescale) pa_rescale_o(o, alpha0, alpha1);
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
+}
+
+/* P V of the last tile, issued and waited for. */
+template <int D, int BN>
+PA_DEV void pa_wg_pv_last(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
+    pa_fence_operands(o);
+    pa_wgmma_fence();
+    pa_wg_pv<D, BN>(o, pa, v_addr);
+    pa_wgmma_commit();
+    pa_wgmma_wait<0>();
+    pa_fence_operands(o);
+}
+
+#endif /* PA_EMBED_ONLY */
+#endif /* PA_PREFILL_WGMMA_CUH */
