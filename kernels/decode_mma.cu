@@ -29,8 +29,8 @@
 #include "mma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
-    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP)
-#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP"
+    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW)
+#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW"
 #endif
 
 #define NTHREADS 128
@@ -39,10 +39,16 @@
 namespace {
 constexpr int D = PA_D;
 constexpr int NQ = PA_NQ, GT = PA_GT, ROWS = NQ * GT;
-constexpr int T = 8 * NWARPS;           /* keys per stage: 8 per warp */
+constexpr int KPW = PA_KPW;             /* keys per warp and stage: 8 or 16 */
+constexpr int NT = KPW / 8;             /* 8-key MMA tiles per warp and stage */
+constexpr int T = KPW * NWARPS;         /* keys per stage */
 constexpr int ROWB = D * 2;             /* bytes of a K/V row in global memory */
-constexpr int RSTRIDE = ROWB + 16;      /* in shared memory: padded, so ldmatrix is conflict-free */
 constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
+/* Shared memory rows, conflict-free for ldmatrix: at 8 keys per warp padded
+ * by 16 bytes; at 16 (twice the stage, so bytes count) unpadded, chunk c of
+ * row r at c ^ (r % 8) */
+constexpr bool SWZ = KPW == 16;
+constexpr int RSTRIDE = SWZ ? ROWB : ROWB + 16;
 constexpr int LINE = CPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per instruction */
 constexpr int GROUPS = NTHREADS / LINE; /* lane groups of the block */
 constexpr int RPT = T / GROUPS;         /* rows per thread and stage */
@@ -57,6 +63,7 @@ constexpr int SMEM = KV_OFF + pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
 static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
+static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
 static_assert(CPR % LINE == 0 && T % GROUPS == 0, "copy mapping");
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
@@ -64,6 +71,9 @@ static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 } // namespace
 
 extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
+
+/* The byte offset of 16-byte chunk c in row r of a shared memory tile */
+PA_DEV int chunk_at(int r, int c) { return (SWZ ? (c ^ (r & 7)) : c) * 16; }
 
 /* c += a b: m16n8k8 (the P V product: k = 8 keys) */
 PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
@@ -140,8 +150,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
                 v = *(const uint4 *)((const u16 *)p.q + off);
             }
         }
-        *(uint4 *)(s_q + r * RSTRIDE + c * 16) = v;
-        *(uint4 *)(s_q + (16 + r) * RSTRIDE + c * 16) = vlo;
+        *(uint4 *)(s_q + r * RSTRIDE + chunk_at(r, c)) = v;
+        *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo;
     }
 
     /* 3. the pipeline. Row offsets of stage st (bytes from the cache base;
@@ -179,7 +189,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             const bool ok = off >= 0;
             const i64 src = (ok ? off : 0) + cp_sub * 16;
             const u8 *gk = (const u8 *)p.k_cache + src, *gv = (const u8 *)p.v_cache + src;
-            u8 *sk = sbase + row * RSTRIDE + cp_sub * 16, *sv = sk + T * RSTRIDE;
+            /* chunks cp_sub + LINE h: at 16 keys per warp LINE is 8, so the
+             * swizzle moves only the low 3 bits (cp_sub), h stays an immediate */
+            u8 *sk = sbase + row * RSTRIDE + chunk_at(row, cp_sub), *sv = sk + T * RSTRIDE;
 #pragma unroll
             for (int h = 0; h < CPR / LINE; h++) {
                 pa_cp_async16(sk + h * LINE * 16, gk + h * LINE * 16, ok);
@@ -206,7 +218,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         const int mi = lane >> 3;
-        ldmatrix_x4(qa[ks], s_q + ((lane & 7) + 8 * (mi & 1)) * RSTRIDE + (ks * 16 + 8 * (mi >> 1)) * 2);
+        const int r = (lane & 7) + 8 * (mi & 1);
+        ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
     }
     const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
     const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
@@ -224,51 +237,63 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         pa_cp_async_commit();
         if (st + PA_STAGES < nst) row_offsets(st + PA_STAGES);
 
-        const u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE + warp * 8 * RSTRIDE;
+        const u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
         const u8 *sv = sk + T * RSTRIDE;
-        /* S = Q K^T for this warp's 8 keys */
-        /* two accumulators: two dependent MMA chains of half the length */
-        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+        const int kr = lane & 7, kc = lane >> 3; /* ldmatrix: this lane's row (of 8) and chunk (of 4) */
+        /* S = Q K^T for this warp's KPW keys, NT tiles of 8; two accumulators
+         * per tile: two dependent MMA chains of half the length */
+        float s[NT][4], s2[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) s[n][j] = s2[n][j] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 32; kk++) {
-            u32 b[4];
-            ldmatrix_x4(b, sk + (lane & 7) * RSTRIDE + (kk * 32 + 8 * (lane >> 3)) * 2);
-            mma16816(s, qa[2 * kk], b[0], b[1]);
-            mma16816(s2, qa[2 * kk + 1], b[2], b[3]);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                u32 b[4];
+                ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                mma16816(s[n], qa[2 * kk], b[0], b[1]);
+                mma16816(s2[n], qa[2 * kk + 1], b[2], b[3]);
+            }
         }
         if (p.q_f32) { /* the residual of the rounded q (block-uniform) */
 #pragma unroll
             for (int kk = 0; kk < D / 32; kk++) {
-                u32 a[2][4], b[4];
-                const int mi = lane >> 3;
+                u32 a[2][4];
+                const int mi = lane >> 3, r = 16 + (lane & 7) + 8 * (mi & 1);
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    ldmatrix_x4(a[h], s_q + (16 + (lane & 7) + 8 * (mi & 1)) * RSTRIDE + ((2 * kk + h) * 16 + 8 * (mi >> 1)) * 2);
-                ldmatrix_x4(b, sk + (lane & 7) * RSTRIDE + (kk * 32 + 8 * (lane >> 3)) * 2);
-                mma16816(s, a[0], b[0], b[1]);
-                mma16816(s2, a[1], b[2], b[3]);
+                for (int h = 0; h < 2; h++) ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    u32 b[4];
+                    ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                    mma16816(s[n], a[0], b[0], b[1]);
+                    mma16816(s2[n], a[1], b[2], b[3]);
+                }
             }
         }
-#pragma unroll
-        for (int j = 0; j < 4; j++) s[j] += s2[j];
-        /* scale, softcap, ALiBi, masks (base 2); s[0..1] row g, s[2..3] row g + 8 */
-        const int kb = w.k0 + st * T + warp * 8;
+        /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
+        const int kb = w.k0 + st * T + warp * KPW;
         float mx0 = m0, mx1 = m1;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int tok = kb + 2 * t4 + (j & 1);
-            const bool upper = j >= 2;
-            float x = s[j] * qk_scale;
-            if (natural) {
-                if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                x *= PA_LOG2E;
-                if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
+        for (int n = 0; n < NT; n++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int tok = kb + n * 8 + 2 * t4 + (j & 1);
+                const bool upper = j >= 2;
+                float x = (s[n][j] + s2[n][j]) * qk_scale;
+                if (natural) {
+                    if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                    x *= PA_LOG2E;
+                    if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
+                }
+                const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
+                x = ok ? x : -PA_INF;
+                s[n][j] = x;
+                if (upper) mx1 = fmaxf(mx1, x);
+                else mx0 = fmaxf(mx0, x);
             }
-            const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
-            x = ok ? x : -PA_INF;
-            s[j] = x;
-            if (upper) mx1 = fmaxf(mx1, x);
-            else mx0 = fmaxf(mx0, x);
         }
         mx0 = pa_quad_max(mx0);
         mx1 = pa_quad_max(mx1);
@@ -289,20 +314,40 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             }
         }
         /* P (input type) as the A operand of the P V product */
-        const float p0 = mx0 == -PA_INF ? 0.f : pa_exp2(s[0] - mx0);
-        const float p1 = mx0 == -PA_INF ? 0.f : pa_exp2(s[1] - mx0);
-        const float p2 = mx1 == -PA_INF ? 0.f : pa_exp2(s[2] - mx1);
-        const float p3 = mx1 == -PA_INF ? 0.f : pa_exp2(s[3] - mx1);
-        l0 += p0 + p1;
-        l1 += p2 + p3;
-        const u32 pa[2] = {pack2(p0, p1), pack2(p2, p3)};
-        /* O += P V: four 8-dim tiles per ldmatrix.trans */
+        u32 pa[2 * NT];
 #pragma unroll
-        for (int dq = 0; dq < D / 32; dq++) {
-            u32 b[4];
-            ldmatrix_x4_trans(b, sv + (lane & 7) * RSTRIDE + (dq * 32 + 8 * (lane >> 3)) * 2);
+        for (int n = 0; n < NT; n++) {
+            const float p0 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][0] - mx0);
+            const float p1 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][1] - mx0);
+            const float p2 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][2] - mx1);
+            const float p3 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][3] - mx1);
+            l0 += p0 + p1;
+            l1 += p2 + p3;
+            pa[2 * n] = pack2(p0, p1);
+            pa[2 * n + 1] = pack2(p2, p3);
+        }
+        if constexpr (NT == 1) {
+            /* O += P V (k = 8 keys): four 8-dim tiles per ldmatrix.trans */
+            const u32 a[2] = {pa[0], pa[1]};
 #pragma unroll
-            for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], pa, b[i]);
+            for (int dq = 0; dq < D / 32; dq++) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, sv + kr * RSTRIDE + chunk_at(kr, dq * 4 + kc));
+#pragma unroll
+                for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], a, b[i]);
+            }
+        } else {
+            /* O += P V (k = 16 keys): two 8-dim tiles per ldmatrix.trans
+             * (keys 0-7 / 8-15 x dims 0-7 / 8-15) */
+            const int vr = kr + 8 * (kc & 1);
+            const u32 a[4] = {pa[0], pa[1], pa[NT > 1 ? 2 : 0], pa[NT > 1 ? 3 : 1]};
+#pragma unroll
+            for (int dq = 0; dq < D / 16; dq++) {
+                u32 b[4];
+                ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
+                mma16816(o[2 * dq], a, b[0], b[1]);
+                mma16816(o[2 * dq + 1], a, b[2], b[3]);
+            }
         }
     }
     pa_cp_async_wait<0>();

@@ -35,11 +35,13 @@ end
 if #variants == 0 then
   for j = 0, C.pa_kernel_catalog_size() - 1 do variants[#variants + 1] = ffi.string(C.pa_kernel_catalog_name(j)) end
   -- scripts/bench.lua: page 16, 256 and contiguous bf16 decode (D 128, 4 heads per kv head)
-  for _, kind in ipairs({ "decode_mma", "decode" }) do
-    for _, page in ipairs({ "16", "256", "contig" }) do
-      for _, stages in ipairs({ 2, 3, 4 }) do
-        variants[#variants + 1] = string.format("%s dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024",
-          kind, page, stages)
+  for _, page in ipairs({ "16", "256", "contig" }) do
+    for _, stages in ipairs({ 2, 3, 4 }) do
+      variants[#variants + 1] = string.format("decode dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024",
+        page, stages)
+      for _, kpw in ipairs({ 8, 16 }) do
+        variants[#variants + 1] = string.format(
+          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024 kpw=%d", page, stages, kpw)
       end
     end
   end

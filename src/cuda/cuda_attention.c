@@ -102,11 +102,18 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         int gt = 1;
         for (int d = 1; d <= G && d * nq <= max_rows; d++)
             if (G % d == 0) gt = d;
-        /* 4 stages: measured best on the H200 (kernels/NOTES.md) */
-        const int stages = env_int("PAGEDATTN_DECODE_STAGES", 4, 2, 8);
+        /* tensor cores: 16 keys per warp and stage at head dims 64 and 128
+         * (3 stages of 32 KB: two blocks per SM), else 8 (4 stages: measured
+         * best on the H200, kernels/NOTES.md); PAGEDATTN_DECODE_KPW=8|16 */
+        const int kpw = D % 64 == 0 ? (env_int("PAGEDATTN_DECODE_KPW", 16, 8, 16) >= 16 ? 16 : 8) : 8;
+        const int stages = env_int("PAGEDATTN_DECODE_STAGES", kpw == 16 ? 3 : 4, 2, 8);
         kp->tail_splits = true;
-        snprintf(variant, sizeof variant, "%s dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
-                 mma ? "decode_mma" : "decode", dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
+        if (mma)
+            snprintf(variant, sizeof variant, "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d",
+                     dtype_str(p->dtype), D, nq, gt, page, stages, 1024, kpw);
+        else
+            snprintf(variant, sizeof variant, "decode dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
+                     dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
         st = pa_cuda_module(ctx, impl, variant, &m);
         if (st) return st;
         kp->threads = m->info[0];
