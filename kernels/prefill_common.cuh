@@ -118,11 +118,14 @@ PA_DEV pa_lane_rows pa_lane_rows_init(const pa_attn_params &p, const pa_work &w,
  * them, updates the maxima and rescales the row sums; returns in e0 / e1 what
  * to subtract from x * c2 for the exponent of P, in alpha0 / alpha1 the factor
  * for O, and whether any row of the warp needs it (else both are exactly 1). */
-template <int NG, int NATURAL>
+/* MASK: 2 = test per warp whether the tile needs the row ranges (the
+ * compiler predicates the range checks into every tile then), 1 = apply
+ * them, 0 = the caller knows every row takes the whole tile. */
+template <int NG, int NATURAL, int MASK = 2>
 PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], int kt, float &e0,
                               float &e1, float &alpha0, float &alpha1) {
     const int t4 = (threadIdx.x & 31) & 3;
-    const bool masked = kt < r.wlo || kt + 8 * NG > r.whi; /* warp-uniform */
+    const bool masked = MASK == 1 || (MASK == 2 && (kt < r.wlo || kt + 8 * NG > r.whi)); /* warp-uniform */
     float mx0 = r.m0, mx1 = r.m1;
 #pragma unroll
     for (int n = 0; n < NG; n++) {

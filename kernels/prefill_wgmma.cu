@@ -131,6 +131,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
 
     const int R0 = wg * 64 + (warp & 3) * 16 + (lane >> 2);
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
+    /* tiles every row takes whole run without range checks (block-uniform:
+     * the two step variants hold different wgmma instructions) */
+    __shared__ int s_wr[2 * (NTHREADS / 32)];
+    if (lane == 0) {
+        s_wr[warp] = rs.wlo;
+        s_wr[NTHREADS / 32 + warp] = rs.whi;
+    }
 
     float o[D / 8][4];
     pa_zero(o);
@@ -147,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
      * P V with an unconditional commit compiles to a dummy wgmma group, and
      * waiting for "all but the last group" then waits for P V too, which
      * serialised the softmax after it). */
-    auto step = [&](int t, auto with_pv) {
+    auto step = [&](int t, auto with_pv, auto masked) {
         constexpr bool WITH_PV = decltype(with_pv)::value;
         pa_cp_async_wait<PA_STAGES - 3>();
         pa_fence_proxy_async(); /* this thread's copies (and Q stores) -> the async proxy */
@@ -174,10 +181,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
         else pa_wgmma_wait<0>();
         pa_fence_operands(s);
 
-        pa_wg_softmax<BN, PA_NATURAL, WITH_PV>(p, rs, s, o, pa, w.k0 + t * BN, [] {});
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, w.k0 + t * BN, [] {});
     };
-    if (nt > 0) step(0, pa_bool<false>{});
-    for (int t = 1; t < nt; t++) step(t, pa_bool<true>{});
+    int ti0, ti1; /* s_wr was written before step 0's barrier */
+    if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});
+    pa_interior_tiles(s_wr, NTHREADS / 32, w.k0, BN, nt, ti0, ti1);
+    for (int t = 1; t < nt; t++) {
+        if (t >= ti0 && t < ti1) step(t, pa_bool<true>{}, pa_bool<false>{});
+        else step(t, pa_bool<true>{}, pa_bool<true>{});
+    }
     if (nt > 0) pa_wg_pv_last<D, BN>(o, pa, v_tile(nt - 1));
     pa_cp_async_wait<0>();
     __syncthreads(); /* the tiles' memory becomes the epilogue's */

@@ -42,15 +42,30 @@ PA_DEV void pa_wg_pv(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_ad
         pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(v_addr + ks * 16 * 128, BN * 128, 1024), 1);
 }
 
+/* The tiles [t0, t1) of a block whose keys start at kbase that every row of
+ * the block takes whole (no range checks), from the warps' tightest ranges
+ * (wlo, whi of each warp, gathered in s_w[2][nwarps]). */
+PA_DEV void pa_interior_tiles(const int *s_w, int nwarps, int kbase, int bn, int nt, int &t0, int &t1) {
+    int lo = 0, hi = 0x7fffffff;
+    for (int i = 0; i < nwarps; i++) {
+        lo = max(lo, s_w[i]);
+        hi = min(hi, s_w[nwarps + i]);
+    }
+    t0 = lo > kbase ? (lo - kbase + bn - 1) / bn : 0;
+    t1 = hi > kbase ? (hi - kbase) / bn : 0;
+    t0 = min(t0, nt);
+    t1 = max(t0, min(t1, nt));
+}
+
 /* The softmax of the tile whose scores s (keys from kt) have landed, while
  * P V of the previous tile may still run (WITH_PV): P in place of the
  * scores; then, once that P V has retired (after_wait() runs there), O
  * rescaled and P packed into pa for the next P V. */
-template <int BN, int NATURAL, bool WITH_PV, int NO, typename F>
+template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO, typename F>
 PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
                           u32 (&pa)[BN / 16][4], int kt, F after_wait) {
     float e0, e1, alpha0, alpha1;
-    const bool rescale = pa_softmax_scores<BN / 8, NATURAL>(p, rs, s, kt, e0, e1, alpha0, alpha1);
+    const bool rescale = pa_softmax_scores<BN / 8, NATURAL, MASK>(p, rs, s, kt, e0, e1, alpha0, alpha1);
     pa_p_exp<BN / 8>(rs, s, e0, e1);
     if constexpr (WITH_PV) {
         pa_wgmma_wait<0>();

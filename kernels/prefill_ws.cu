@@ -196,6 +196,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     const int ctid = tid - 128, lane = tid & 31, cwarp = ctid >> 5, cw = cwarp >> 2;
     const int R0 = cw * 64 + (cwarp & 3) * 16 + (lane >> 2);
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
+    /* tiles every row takes whole run without range checks (uniform over
+     * both consumers: the step variants hold different wgmma instructions) */
+    __shared__ int s_wr[16];
+    if (lane == 0) {
+        s_wr[cwarp] = rs.wlo;
+        s_wr[8 + cwarp] = rs.whi;
+    }
+    consumers_sync();
+    int ti0, ti1;
+    pa_interior_tiles(s_wr, 8, w.k0, BN, nt, ti0, ti1);
 
     float o[D / 8][4];
     pa_zero(o);
@@ -209,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     mbar_wait(&bar_q, 0);
     if (cw == 1) turn_pass(1); /* consumer 0 issues first */
     /* one iteration; WITH_PV false for tile 0 only (peeled, see prefill_wgmma.cu) */
-    auto step = [&](int t, auto with_pv) {
+    auto step = [&](int t, auto with_pv, auto masked) {
         constexpr bool WITH_PV = decltype(with_pv)::value;
         const int st = t % PA_STAGES;
         mbar_wait(&full_k[st], (u32)(t / PA_STAGES) & 1u);
@@ -232,11 +242,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         pa_fence_operands(s);
         release(&empty_k[st]);
 
-        pa_wg_softmax<BN, PA_NATURAL, WITH_PV>(p, rs, s, o, pa, w.k0 + t * BN,
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, w.k0 + t * BN,
                                                [&] { release(&empty_v[(t - 1) % PA_STAGES]); });
     };
-    if (nt > 0) step(0, pa_bool<false>{});
-    for (int t = 1; t < nt; t++) step(t, pa_bool<true>{});
+    if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});
+    for (int t = 1; t < nt; t++) {
+        /* (head dim 256: masked always; the split costs spills at 168 registers) */
+        if (D <= 128 && t >= ti0 && t < ti1) step(t, pa_bool<true>{}, pa_bool<false>{});
+        else step(t, pa_bool<true>{}, pa_bool<true>{});
+    }
     if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
