@@ -147,7 +147,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
             const int bn = D <= 128 ? 128 : 64;
             const bool pow2 = (p->page_size & (p->page_size - 1)) == 0;
             const bool tma = pa_cu.cuTensorMapEncodeTiled != NULL && env_int("PAGEDATTN_PREFILL_TMA", 1, 0, 1) &&
-                             (!p->paged || (p->page_size >= 16 && pow2)) &&
+                             (!p->paged || (p->page_size >= 16 && pow2 && p->page_size <= (1 << 20))) &&
                              (int64_t)p->num_pages * p->page_size < ((int64_t)1 << 31); /* TMA coordinates: int32 */
             kp->tma_rows = !tma ? 0 : !p->paged || p->page_size >= bn ? bn : p->page_size;
             snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
