@@ -72,6 +72,21 @@ typedef struct pa_attn_params {
     pa_i32 pad;
 } pa_attn_params;
 
+/* TMA descriptors of the K and V caches (the driver's 128-byte CUtensorMap,
+ * built by cuTensorMapEncodeTiled): the second parameter of prefill_ws.cu's
+ * kernel, __grid_constant__ there. 3-D: head-dim elements, kv heads, cache
+ * rows (page * page_size + slot), 128-byte swizzle, boxes of 64 elements x
+ * 1 head x PA_TMA_ROWS rows. */
+#ifdef __cplusplus
+#define PA_ALIGN128 alignas(128)
+#else
+#define PA_ALIGN128 _Alignas(128)
+#endif
+typedef struct pa_tma_maps {
+    PA_ALIGN128 pa_u64 k[16];
+    PA_ALIGN128 pa_u64 v[16];
+} pa_tma_maps;
+
 /* Rotary append: new k (rotated) and v into their cache slots; q rotated
  * into an f32 copy. Rows: total_new * kv_heads of k/v, then q_rows * heads. */
 typedef struct pa_append_params {

@@ -32,8 +32,8 @@
 #include "prefill_wgmma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
-    !defined(PA_NATURAL)
-#error "prefill_ws.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL"
+    !defined(PA_NATURAL) || !defined(PA_TMA)
+#error "prefill_ws.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL, PA_TMA"
 #endif
 
 namespace {
@@ -45,6 +45,10 @@ constexpr int CPR = D / 8;               /* 16-byte chunks per row */
 constexpr int TPR = 128 / BN;            /* producer threads per row of a tile */
 constexpr int Q_BYTES = BM * D * 2;
 constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
+/* TMA: cache rows per box (a page, or a whole tile of a larger page or a
+ * contiguous cache); tiles start at a multiple of it (keys before k0 masked) */
+constexpr int TMA_ROWS = PA_PAGE == -1 || PA_PAGE >= BN ? BN : PA_PAGE;
+constexpr int KALIGN = PA_TMA && PA_PAGE > 0 ? TMA_ROWS : 1;
 constexpr int OSTRIDE = D + 4;
 constexpr int SMEM = 1024 /* alignment */ +
                      pa_cmax(Q_BYTES + 2 * PA_STAGES * KV_BYTES, BM * OSTRIDE * 4 + BM * 4);
@@ -54,6 +58,7 @@ static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
 static_assert(GT >= 1 && GT <= 16, "heads per tile");
 static_assert(PA_STAGES >= 2 && PA_STAGES <= 4, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
+static_assert(!PA_TMA || PA_PAGE == -1 || PA_PAGE >= 16, "TMA: contiguous caches or pages of 16 rows or more");
 } // namespace
 
 extern "C" __constant__ int pa_prefill_ws_info[4] = {NTHREADS, SMEM, BN, QT};
@@ -78,6 +83,20 @@ PA_DEV void mbar_wait(u64 *bar, u32 parity) {
                  "r"(parity)
                  : "memory");
 }
+/* one arrival that also expects `bytes` of asynchronous (TMA) writes */
+PA_DEV void mbar_arrive_expect_tx(u64 *bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(pa_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+/* A TMA box of the 3-D map (column c0, kv head c1, cache row c2) into
+ * shared memory at dst, completing on bar (transaction bytes). */
+PA_DEV void tma_load(u32 dst, const void *map, int c0, int c1, int c2, u64 *bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+                 "[%5];\n" ::"r"(dst),
+                 "l"((u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(pa_smem_addr(bar))
+                 : "memory");
+}
+
 /* the consumers' own barrier (named barrier 1, 256 threads) */
 PA_DEV void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 /* Ping-pong of the consumers' products: named barrier 2 + c is consumer c's
@@ -92,7 +111,8 @@ PA_DEV void turn_pass(int c) {
     else asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa_attn_params p) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+    pa_prefill_ws(const pa_attn_params p, const __grid_constant__ pa_tma_maps maps) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap(); /* wgmma and setmaxnreg need sm_90a (other targets compile a stub) */
 #else
@@ -101,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     __shared__ int s_lo[BM], s_hi[BM];
     __shared__ float s_slope[PA_NATURAL ? BM : 1];
     __shared__ __align__(8) u64 bar_q, full_k[PA_STAGES], full_v[PA_STAGES], empty_k[PA_STAGES],
-        empty_v[PA_STAGES];
+        empty_v[PA_STAGES], v_last;
     const u32 raw = pa_smem_addr(smem_raw), base = (raw + 1023u) & ~1023u; /* swizzle period */
     u8 *smem = smem_raw + (base - raw);
     const u32 q_addr = base, k_addr = base + Q_BYTES, v_addr = k_addr + PA_STAGES * KV_BYTES;
@@ -112,11 +132,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
         mbar_init(&bar_q, 128);
         for (int s = 0; s < PA_STAGES; s++) {
-            mbar_init(&full_k[s], 128);
-            mbar_init(&full_v[s], 128);
+            mbar_init(&full_k[s], PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
+            mbar_init(&full_v[s], PA_TMA ? 1 : 128);
             mbar_init(&empty_k[s], 8); /* one arrival per consumer warp */
             mbar_init(&empty_v[s], 8);
         }
+        mbar_init(&v_last, 1); /* TMA: the last tile's V, before its rows past k1 are zeroed */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -124,7 +145,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     const int tiles_per_group = p.group / GT;
     const int hk = head_tile / tiles_per_group;
     const int g0 = (head_tile - hk * tiles_per_group) * GT;
-    const int nt = (w.k1 - w.k0 + BN - 1) / BN;
+    const int kbase = w.k0 - w.k0 % KALIGN; /* tile t holds keys kbase + t BN .. + BN - 1 */
+    const int nt = (w.k1 - kbase + BN - 1) / BN;
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
     __syncthreads(); /* the last block-wide barrier: the roles part here */
 
@@ -150,10 +172,67 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         if (p.q_f32) mbar_arrive(&bar_q); /* release: the stores above */
         else mbar_arrive_cp_async(&bar_q);
 
+#if PA_TMA
+        /* K/V tiles by TMA: lane 0 of warp 0 issues one box per page (or
+         * tile) and 64 columns; the warp zeroes the last tile's V rows past
+         * k1 (a page's tail, or pages never loaded: P is 0 there, but 0 x a
+         * NaN left in memory would not be). Warps 1-3 are done with Q. */
+        if (tid >= 32) {
+            pa_cp_async_wait<0>();
+            return;
+        }
+        const int lane = tid;
+        auto cache_row = [&](int tok) { /* the row of the maps holding key tok */
+            if (PA_PAGE == -1) return w.cache_row * ps + tok;
+            const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
+            return pid * ps + tok % ps;
+        };
+        for (int t = 0; t < nt; t++) {
+            const int s = t % PA_STAGES;
+            const u32 ph = (u32)(t / PA_STAGES) & 1u;
+            const int tok0 = kbase + t * BN, nkeys = min(BN, w.k1 - tok0);
+            const int nbox = (nkeys + TMA_ROWS - 1) / TMA_ROWS; /* boxes holding keys: never a page past k1 */
+            const u32 bytes = (u32)nbox * (D / 64) * TMA_ROWS * 128;
+            const u32 ks = k_addr + s * KV_BYTES, vs = v_addr + s * KV_BYTES;
+            mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
+            if (lane == 0) {
+                mbar_arrive_expect_tx(&full_k[s], bytes);
+                for (int j = 0; j < nbox; j++) {
+                    const int row = cache_row(tok0 + j * TMA_ROWS);
+                    for (int blk = 0; blk < D / 64; blk++)
+                        tma_load(ks + blk * BN * 128 + j * TMA_ROWS * 128, maps.k, blk * 64, hk, row, &full_k[s]);
+                }
+            }
+            mbar_wait(&empty_v[s], ph ^ 1u);
+            const bool tail = nkeys < BN;
+            u64 *vbar = tail ? &v_last : &full_v[s];
+            if (lane == 0) {
+                mbar_arrive_expect_tx(vbar, bytes);
+                for (int j = 0; j < nbox; j++) {
+                    const int row = cache_row(tok0 + j * TMA_ROWS);
+                    for (int blk = 0; blk < D / 64; blk++)
+                        tma_load(vs + blk * BN * 128 + j * TMA_ROWS * 128, maps.v, blk * 64, hk, row, vbar);
+                }
+            }
+            if (tail) { /* only the last tile: v_last completes once */
+                mbar_wait(&v_last, 0);
+                u8 *vt = smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES;
+                for (int e = lane; e < (BN - nkeys) * (D / 64) * 8; e += 32) {
+                    const int c = e % 8, rb = e / 8, r = nkeys + rb % (BN - nkeys), blk = rb / (BN - nkeys);
+                    *(uint4 *)(vt + blk * BN * 128 + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+                }
+                pa_fence_proxy_async(); /* the zeros -> the consumers' wgmma */
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&full_v[s]);
+            }
+        }
+        pa_cp_async_wait<0>(); /* Q's copies */
+        return;
+#else
         const int row = tid / TPR, sub = tid % TPR;
         const i64 head_bytes = (i64)hk * D * 2;
         auto page_of = [&](int t) {
-            const int tok = w.k0 + t * BN + row;
+            const int tok = kbase + t * BN + row;
             return PA_PAGE != -1 && t < nt && tok < w.k1 ? ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps]
                                                          : 0;
         };
@@ -161,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
             const u32 ph = (u32)(t / PA_STAGES) & 1u;
-            const int tok = w.k0 + t * BN + row;
+            const int tok = kbase + t * BN + row;
             const bool ok = tok < w.k1;
             i64 off = 0;
             if (ok) {
@@ -189,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         }
         pa_cp_async_wait<0>(); /* nothing in flight when the thread exits */
         return;
+#endif
     }
 
     /* ---- consumers ---- */
@@ -205,7 +285,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
     }
     consumers_sync();
     int ti0, ti1;
-    pa_interior_tiles(s_wr, 8, w.k0, BN, nt, ti0, ti1);
+    pa_interior_tiles(s_wr, 8, kbase, BN, nt, ti0, ti1);
 
     float o[D / 8][4];
     pa_zero(o);
@@ -242,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_ws(const pa
         pa_fence_operands(s);
         release(&empty_k[st]);
 
-        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, w.k0 + t * BN,
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, kbase + t * BN,
                                                [&] { release(&empty_v[(t - 1) % PA_STAGES]); });
     };
     if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});

@@ -54,8 +54,10 @@ if #variants == 0 then
           for _, natural in ipairs({ 0, 1 }) do
             variants[#variants + 1] = string.format("prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=3 natural=%d",
               dt, D, gt, page, natural)
-            variants[#variants + 1] = string.format("prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
-              dt, D, gt, page, D <= 128 and 3 or 2, natural)
+            -- ws: TMA where the pages hold 16 tokens or more (or the cache is contiguous)
+            local tma = (page == "contig" or (tonumber(page) or 0) >= 16) and 1 or 0
+            variants[#variants + 1] = string.format("prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
+              dt, D, gt, page, D <= 128 and 3 or 2, natural, tma)
           end
         end
       end

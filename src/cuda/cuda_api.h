@@ -21,6 +21,20 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 
+/* A TMA descriptor (cuda.h's CUtensorMap: 128 opaque bytes, 64-byte aligned
+ * at least) and the constants of cuTensorMapEncodeTiled that we use. */
+typedef struct CUtensorMap {
+    _Alignas(128) uint64_t opaque[16];
+} CUtensorMap;
+enum {
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6,
+    CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9,
+    CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+    CU_TENSOR_MAP_SWIZZLE_128B = 3,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2,
+    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0,
+};
+
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
@@ -105,6 +119,11 @@ typedef struct pa_cuda_driver {
     CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned smem, CUstream stream,
                                void **params, void **extra);
+    /* optional (NULL: no TMA; drivers for CUDA 12+ have it) */
+    CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *map, int dtype, uint32_t rank, void *global,
+                                       const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
+                                       const uint32_t *elem_strides, int interleave, int swizzle, int l2_promotion,
+                                       int oob_fill);
 } pa_cuda_driver;
 
 typedef int nvrtcResult;

@@ -54,6 +54,8 @@ typedef struct kernel_plan {
     bool longest_first; /* order the work items by length, longest first */
     bool no_split;      /* one work item per query tile (the kernel writes out/lse directly) */
     bool tail_splits;   /* more than a wave of tiles: split when that fills the last wave better */
+    bool ws;            /* prefill_ws: takes the TMA maps as a second parameter */
+    int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
 } kernel_plan;
 
 /* Which kernel a sequence runs on. */
@@ -146,8 +148,17 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         if (ws) {
             /* shared memory holds 4 stages at head dim 64, 3 at 128, 2 at 256 */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", D <= 128 ? 3 : 2, 2, D <= 64 ? 4 : D <= 128 ? 3 : 2);
-            snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d",
-                     dtype_str(p->dtype), D, gt, page, stages, natural);
+            /* TMA: one box per page (or per tile) and 64 columns, where pages
+             * hold 16 tokens or more (a power of two) or the cache is
+             * contiguous; PAGEDATTN_PREFILL_TMA=0 keeps the cp.async gather */
+            const int bn = D <= 128 ? 128 : 64;
+            const bool pow2 = (p->page_size & (p->page_size - 1)) == 0;
+            const bool tma = pa_cu.cuTensorMapEncodeTiled != NULL && env_int("PAGEDATTN_PREFILL_TMA", 1, 0, 1) &&
+                             (!p->paged || (p->page_size >= 16 && pow2 && p->page_size <= (1 << 20))) &&
+                             (int64_t)p->num_pages * p->page_size < ((int64_t)1 << 31); /* TMA coordinates: int32 */
+            kp->tma_rows = !tma ? 0 : !p->paged || p->page_size >= bn ? bn : p->page_size;
+            snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
+                     dtype_str(p->dtype), D, gt, page, stages, natural, tma ? 1 : 0);
         } else if (wgmma) {
             /* 3: S reads tile t, P V tile t - 1, tile t + 1 loads */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 3, 3, 4);
@@ -170,6 +181,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->head_tiles = p->kv_heads * (G / gt);
         kp->longest_first = true;
         kp->no_split = ws;
+        kp->ws = ws;
         st = pa_cuda_function(ctx, impl, m, ws ? "pa_prefill_ws" : wgmma ? "pa_prefill_wgmma" : "pa_prefill",
                               kp->smem, &kp->fn);
     } else {
@@ -325,6 +337,28 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     *part_rows = rows;
     *ncounters = counters;
     return n;
+}
+
+/* The K and V caches as TMA descriptors: 3-D (head-dim elements, kv heads,
+ * cache rows = page * page_size + slot; contiguous caches: batch row *
+ * S_cache + position), 128-byte swizzle, boxes of 64 elements x 1 head x
+ * `rows` rows: what prefill_ws.cu's producer loads per page (or tile). */
+static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, int rows, pa_tma_maps *out) {
+    const int dtype = p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const uint64_t dims[3] = {(uint64_t)p->head_dim, (uint64_t)p->kv_heads, (uint64_t)p->num_pages * (uint64_t)p->page_size};
+    const uint64_t strides[2] = {(uint64_t)p->head_dim * 2, (uint64_t)p->kv_heads * p->head_dim * 2}; /* bytes */
+    const uint32_t box[3] = {64, 1, (uint32_t)rows}, unit[3] = {1, 1, 1};
+    void *base[2] = {p->k_cache, p->v_cache};
+    pa_u64 *dst[2] = {out->k, out->v};
+    for (int i = 0; i < 2; i++) {
+        CUtensorMap m;
+        CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, 3, base[i], dims, strides, box, unit,
+                                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
+        memcpy(dst[i], m.opaque, sizeof m.opaque);
+    }
+    return PA_OK;
 }
 
 /* One attention launch: the sequences of one kernel kind. */
@@ -545,7 +579,11 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.window_right = p->window_right;
         ap.scale = p->scale;
         ap.softcap = p->softcap;
-        void *args[] = {&ap};
+        pa_tma_maps maps;
+        memset(&maps, 0, sizeof maps);
+        if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp->tma_rows, &maps);
+        if (st) break;
+        void *args[] = {&ap, &maps}; /* the second: prefill_ws only */
         r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)(parts[i].nwork * kp->head_tiles), 1, 1, (unsigned)kp->threads, 1, 1,
                                  (unsigned)kp->smem, impl->stream, args, NULL);
         if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);

@@ -34,7 +34,7 @@ static const kkind kinds[] = {
     {"fallback", "fallback.cu", "pa_fallback_info", {"dtype", NULL}},
     {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
     {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
-    {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
+    {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", {"dtype", "D", "gt", "page", "stages", "natural", "tma", NULL}},
 };
 
 #define MAX_OPTS 12
@@ -75,6 +75,7 @@ static pa_status parse_value(pa_context *ctx, const char *variant, const char *k
     else if (strcmp(key, "natural") == 0) ok = v == 0 || v == 1;
     else if (strcmp(key, "minb") == 0) ok = v >= 1 && v <= 4;
     else if (strcmp(key, "kpw") == 0) ok = v == 8 || v == 16;
+    else if (strcmp(key, "tma") == 0) ok = v == 0 || v == 1;
     else ok = false;
     if (!ok) goto bad;
     char upper[16];
@@ -115,7 +116,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
             return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': unexpected '%s'", name, tok);
         vals[k] = eq + 1;
     }
-    long nq = 1, gt = 1, dtype = -1, dim = 0, kpw = 8;
+    long nq = 1, gt = 1, dtype = -1, dim = 0, kpw = 8, page = 0, tma = 0;
     for (int i = 0; out->kind->keys[i]; i++) {
         const char *key = out->kind->keys[i];
         if (!vals[i])
@@ -130,7 +131,12 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(key, "dtype") == 0) dtype = v;
         if (strcmp(key, "D") == 0) dim = v;
         if (strcmp(key, "kpw") == 0) kpw = v;
+        if (strcmp(key, "page") == 0) page = v;
+        if (strcmp(key, "tma") == 0) tma = v;
     }
+    if (tma && page != -1 && page < 16)
+        return pa_fail(ctx, PA_ERR_ARGUMENT,
+                       "kernel variant '%s': tma=1 takes contiguous caches or pages of 16 tokens or more", name);
     const bool mma = strcmp(out->kind->kind, "decode_mma") == 0;
     const bool decode = mma || strcmp(out->kind->kind, "decode") == 0;
     if (decode && nq * gt > (mma ? 16 : 8))
@@ -196,10 +202,13 @@ static const char *const catalog[] = {
     "prefill_wgmma dtype=f16 D=64 gt=1 page=1 stages=4 natural=1",
     "prefill_wgmma dtype=bf16 D=256 gt=8 page=any stages=3 natural=1",
     "prefill_wgmma dtype=f16 D=128 gt=3 page=any stages=3 natural=0",
-    "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0",
-    "prefill_ws dtype=bf16 D=128 gt=4 page=contig stages=3 natural=1",
-    "prefill_ws dtype=f16 D=64 gt=1 page=1 stages=4 natural=0",
-    "prefill_ws dtype=bf16 D=256 gt=8 page=any stages=2 natural=1",
+    "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 tma=0",
+    "prefill_ws dtype=bf16 D=128 gt=4 page=contig stages=3 natural=1 tma=0",
+    "prefill_ws dtype=f16 D=64 gt=1 page=1 stages=4 natural=0 tma=0",
+    "prefill_ws dtype=bf16 D=256 gt=8 page=any stages=2 natural=1 tma=0",
+    "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=1",
+    "prefill_ws dtype=f16 D=64 gt=1 page=256 stages=4 natural=1 tma=1",
+    "prefill_ws dtype=bf16 D=256 gt=8 page=contig stages=2 natural=0 tma=1",
 };
 
 int pa_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }

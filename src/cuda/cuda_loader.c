@@ -91,6 +91,7 @@ static void load_driver(void) {
         SYM(cuFuncSetAttribute, "cuFuncSetAttribute"),
         SYM(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor"),
         SYM(cuLaunchKernel, "cuLaunchKernel"),
+        OPT(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *fn = NULL;
