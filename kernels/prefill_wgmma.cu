@@ -109,13 +109,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
         const int tok = w.k0 + t * BN + my_row;
         const bool ok = tok < w.k1;
         const i64 off = ok ? pa_key_offset<PA_PAGE>(p, w, tok, pid, ps, head_bytes) : 0;
-        const u8 *gk = (const u8 *)p.k_cache + off, *gv = (const u8 *)p.v_cache + off;
+        /* past k1: nothing is read (src-size 0), the address stays in the
+         * cache's first row; the chunks are immediates from one pointer */
+        const u8 *gk = (const u8 *)p.k_cache + off + my_sub * 16, *gv = (const u8 *)p.v_cache + off + my_sub * 16;
 #pragma unroll
         for (int i = 0; i < CPR / TPR; i++) {
-            const int ch = my_sub + TPR * i;
-            const u32 dst = pa_swz(BN, my_row, ch);
-            pa_cp_async16(sk + dst, gk + (ok ? ch * 16 : 0), ok);
-            pa_cp_async16(sv + dst, gv + (ok ? ch * 16 : 0), ok);
+            const u32 dst = pa_swz(BN, my_row, my_sub + TPR * i);
+            pa_cp_async16(sk + dst, gk + i * TPR * 16, ok);
+            pa_cp_async16(sv + dst, gv + i * TPR * 16, ok);
         }
     };
     load_pid(0);

@@ -254,15 +254,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 #pragma unroll 4
             for (int i = 0; i < CPR / TPR; i++) {
                 const int ch = sub + TPR * i;
-                pa_cp_async16(smem + Q_BYTES + s * KV_BYTES + pa_swz(BN, row, ch), gk + (ok ? ch * 16 : 0), ok);
+                pa_cp_async16(smem + Q_BYTES + s * KV_BYTES + pa_swz(BN, row, ch), gk + ch * 16, ok);
             }
             mbar_arrive_cp_async(&full_k[s]);
             mbar_wait(&empty_v[s], ph ^ 1u);
 #pragma unroll 4
             for (int i = 0; i < CPR / TPR; i++) {
                 const int ch = sub + TPR * i;
-                pa_cp_async16(smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES + pa_swz(BN, row, ch), gv + (ok ? ch * 16 : 0),
-                              ok);
+                pa_cp_async16(smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES + pa_swz(BN, row, ch), gv + ch * 16, ok);
             }
             mbar_arrive_cp_async(&full_v[s]);
         }
