@@ -18,6 +18,15 @@ function G.device()
   return pa.device(G.device_name)
 end
 
+-- Inside a describe: true, after a visible pending that says why, where there
+-- is no device (the describe returns then). `pending`: busted's, which only
+-- the spec files' environment holds.
+function G.pending_without(pending, dev, why)
+  if dev then return false end
+  pending("no CUDA device: " .. tostring(why))
+  return true
+end
+
 -- The same standard normal tensor on two devices (randn is one stream everywhere).
 function G.randn2(shape, dtype, dev_a, dev_b, seed)
   return assert(pa.randn(shape, dtype, dev_a, seed)), assert(pa.randn(shape, dtype, dev_b, seed))

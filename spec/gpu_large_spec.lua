@@ -142,10 +142,7 @@ local function paged_spec(rng, s)
 end
 
 describe("#gpu CUDA against the CPU backend at serving sizes", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   it("#gpu decode, batch 64 x 4096 keys, bf16, page 16, random page order", function()
     local seed = H.seed("gpu large decode")

@@ -71,10 +71,7 @@ local function assert_close(name, a, b, tol, rel)
 end
 
 describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 2^31 elements", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
   local cpu = assert(pa.device("cpu"))
 
   it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()

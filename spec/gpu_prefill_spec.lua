@@ -294,10 +294,7 @@ local function grid_pairs()
 end
 
 describe("#gpu prefill on CUDA against the CPU backend", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   it("#gpu grid seqlen_q x seqlen_k (1 to 4100), causal, bf16, D 128, GQA 4, page 16", function()
     for i, p in ipairs(grid_pairs()) do
@@ -462,10 +459,7 @@ end
 
 describe("#gpu #memcheck prefill: the issue's case (4 x 170 tokens appended to an empty paged cache, random tables)",
   function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   it("#gpu issue: batch 4 x 170 new tokens, 32/8 heads, D 128, page 16, causal, random tables with duplicates",
     function()
