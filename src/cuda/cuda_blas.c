@@ -87,25 +87,14 @@ static bool try_cublas(const char *path, char *err, size_t err_len) {
 
 static void load_cublas(void) {
     const char *env = getenv("PAGEDATTN_CUBLAS");
-    char err[400] = "";
     if (env && strcmp(env, "off") == 0) {
         snprintf(blas_why, sizeof blas_why, "not measured: PAGEDATTN_CUBLAS=off");
         return;
     }
-    if (env && *env) {
-        if (try_cublas(env, err, sizeof err)) blas_ok = true;
-        else snprintf(blas_why, sizeof blas_why, "not measured: $PAGEDATTN_CUBLAS=%.100s: %.150s", env, err);
-        return;
-    }
     /* libcublas finds its libcublasLt beside itself (RUNPATH $ORIGIN) */
-    if (pa_cuda_open_toolkit_lib("libcublas", try_cublas, err, sizeof err)) {
-        blas_ok = true;
-        return;
-    }
-    snprintf(blas_why, sizeof blas_why,
-             "not measured: cuBLAS (libcublas.so.13) not found; install the CUDA toolkit's cuBLAS or "
-             "set PAGEDATTN_CUBLAS to its path (last error: %.150s)",
-             err);
+    char why[sizeof blas_why - 16];
+    blas_ok = pa_cuda_open_toolkit_lib("PAGEDATTN_CUBLAS", "libcublas", "cuBLAS", try_cublas, why, sizeof why);
+    if (!blas_ok) snprintf(blas_why, sizeof blas_why, "not measured: %s", why);
 }
 
 static const char *status_str(cublasStatus_t s) {

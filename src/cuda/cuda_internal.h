@@ -22,11 +22,13 @@ extern pa_nvrtc pa_rtc;       /* valid once pa_nvrtc_ready() returned true */
 bool pa_cuda_driver_ready(char *why, size_t why_len);
 bool pa_nvrtc_ready(char *why, size_t why_len);
 int pa_nvrtc_version(void); /* major * 10 + minor: 130 for 13.0 */
-/* Opens a CUDA toolkit library by stem ("libnvrtc"): try_open on its sonames
- * (13, 12, unversioned), then /usr/local/cuda/lib64 and lib, then
- * $CUDA_HOME (or $CUDA_PATH)/lib64 and lib; err holds the last failure. */
-bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
-                              char *err, size_t err_len);
+/* Opens a CUDA toolkit library with try_open: the path in $env when set (that
+ * one only), else by stem ("libnvrtc"): its sonames (13, 12, unversioned),
+ * /usr/local/cuda/lib64 and lib, $CUDA_HOME (or $CUDA_PATH)/lib64 and lib.
+ * On failure `why` says so, naming `what` ("NVRTC"), env and the last error. */
+bool pa_cuda_open_toolkit_lib(const char *env, const char *stem, const char *what,
+                              bool (*try_open)(const char *path, char *err, size_t err_len), char *why,
+                              size_t why_len);
 
 /* Records a failed driver call (its text, the file and line) on ctx. */
 pa_status pa_cu_fail(pa_context *ctx, CUresult r, const char *call, const char *file, int line);

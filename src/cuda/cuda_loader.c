@@ -183,8 +183,8 @@ static bool try_nvrtc(const char *path, char *err, size_t err_len) {
     return true;
 }
 
-bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
-                              char *err, size_t err_len) {
+static bool search_toolkit(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
+                           char *err, size_t err_len) {
     /* the soname first (the loader's path), then the toolkit's usual places */
     static const char *const places[] = {"%s.so.13", "%s.so.12", "%s.so",
                                          "/usr/local/cuda/lib64/%s.so.13", "/usr/local/cuda/lib64/%s.so.12",
@@ -206,22 +206,24 @@ bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *pat
     return false;
 }
 
+bool pa_cuda_open_toolkit_lib(const char *env, const char *stem, const char *what,
+                              bool (*try_open)(const char *path, char *err, size_t err_len), char *why,
+                              size_t why_len) {
+    const char *path = getenv(env);
+    char err[400] = "";
+    if (path && *path) {
+        if (try_open(path, err, sizeof err)) return true;
+        snprintf(why, why_len, "%s: $%s=%.200s: %s", what, env, path, err);
+        return false;
+    }
+    if (search_toolkit(stem, try_open, err, sizeof err)) return true;
+    snprintf(why, why_len, "%s (%s.so.13) not found: install the CUDA toolkit's %s, or set %s to its path (last error: %s)",
+             what, stem, what, env, err);
+    return false;
+}
+
 static void load_nvrtc(void) {
-    const char *env = getenv("PAGEDATTN_NVRTC");
-    char err[512];
-    if (env && *env) {
-        if (try_nvrtc(env, err, sizeof err)) nvrtc_ok = true;
-        else snprintf(nvrtc_why, sizeof nvrtc_why, "NVRTC: $PAGEDATTN_NVRTC=%s: %s", env, err);
-        return;
-    }
-    if (pa_cuda_open_toolkit_lib("libnvrtc", try_nvrtc, err, sizeof err)) {
-        nvrtc_ok = true;
-        return;
-    }
-    snprintf(nvrtc_why, sizeof nvrtc_why,
-             "NVRTC (libnvrtc.so.13) not found: install the CUDA toolkit's NVRTC, or set "
-             "PAGEDATTN_NVRTC to its path (last error: %s)",
-             err);
+    nvrtc_ok = pa_cuda_open_toolkit_lib("PAGEDATTN_NVRTC", "libnvrtc", "NVRTC", try_nvrtc, nvrtc_why, sizeof nvrtc_why);
 }
 
 bool pa_nvrtc_ready(char *why, size_t why_len) {
