@@ -130,7 +130,7 @@ typedef struct pa_kernel_source {
     const char *text;
     size_t len;
 } pa_kernel_source;
-#define PA_KERNEL_SOURCES 15
+#define PA_KERNEL_SOURCES 16
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
 /* The target NVRTC compiles for on compute capability major.minor ("sm_90a",
  * "sm_80", or "compute_XX" PTX when NVRTC does not know the device). */
