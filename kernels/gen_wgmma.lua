@@ -15,7 +15,8 @@ w([[/*
 #define PA_WGMMA_OPS_CUH
 #ifndef PA_EMBED_ONLY
 ]])
-for _, n in ipairs({ 32, 64, 128, 256 }) do
+local SHAPES = { 32, 64, 128, 256 }
+for _, n in ipairs(SHAPES) do
   local m = n / 2
   local regs = {}
   for i = 0, m - 1 do regs[#regs + 1] = "%" .. i end
@@ -40,19 +41,19 @@ for _, n in ipairs({ 32, 64, 128, 256 }) do
   w('                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));')
   w("}")
 end
+-- pa_wgmma_ss<N> / pa_wgmma_rs<N>: the wrapper of shape N
+for _, k in ipairs({ { "ss", "u64 desc_a", "desc_a" }, { "rs", "const u32 (&a)[4]", "a" } }) do
+  w(string.format("template <int N> PA_DEV void pa_wgmma_%s(float (&d)[N / 8][4], %s, u64 desc_b, int accumulate) {",
+    k[1], k[2]))
+  for i, n in ipairs(SHAPES) do
+    local call = string.format("pa_wgmma_%s_%d(d, %s, desc_b, accumulate);", k[1], n, k[3])
+    if i == 1 then w(string.format("    if constexpr (N == %d) %s", n, call))
+    elseif i < #SHAPES then w(string.format("    else if constexpr (N == %d) %s", n, call))
+    else w("    else " .. call) end
+  end
+  w("}")
+end
 w([[
-template <int N> PA_DEV void pa_wgmma_ss(float (&d)[N / 8][4], u64 desc_a, u64 desc_b, int accumulate) {
-    if constexpr (N == 32) pa_wgmma_ss_32(d, desc_a, desc_b, accumulate);
-    else if constexpr (N == 64) pa_wgmma_ss_64(d, desc_a, desc_b, accumulate);
-    else if constexpr (N == 128) pa_wgmma_ss_128(d, desc_a, desc_b, accumulate);
-    else pa_wgmma_ss_256(d, desc_a, desc_b, accumulate);
-}
-template <int N> PA_DEV void pa_wgmma_rs(float (&d)[N / 8][4], const u32 (&a)[4], u64 desc_b, int accumulate) {
-    if constexpr (N == 32) pa_wgmma_rs_32(d, a, desc_b, accumulate);
-    else if constexpr (N == 64) pa_wgmma_rs_64(d, a, desc_b, accumulate);
-    else if constexpr (N == 128) pa_wgmma_rs_128(d, a, desc_b, accumulate);
-    else pa_wgmma_rs_256(d, a, desc_b, accumulate);
-}
 
 #endif /* PA_EMBED_ONLY */
 #endif /* PA_WGMMA_OPS_CUH */]])
