@@ -57,30 +57,12 @@ static char blas_path[300]; /* what was opened */
 #define BLAS(name, required) {#name, (void **)&blas.name, required}
 
 static bool try_cublas(const char *path, char *err, size_t err_len) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(err, err_len, "%s", e ? e : "not found");
-        return false;
-    }
-    const struct {
-        const char *name;
-        void **slot;
-        bool required;
-    } syms[] = {
+    const pa_sym syms[] = {
         BLAS(cublasCreate_v2, true),     BLAS(cublasDestroy_v2, true),
         BLAS(cublasSetStream_v2, true),  BLAS(cublasGetVersion_v2, true),
         BLAS(cublasGemmEx, true),        BLAS(cublasGetStatusString, false),
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot && syms[i].required) {
-            snprintf(err, err_len, "%s lacks %s", path, syms[i].name);
-            memset(&blas, 0, sizeof blas);
-            dlclose(h);
-            return false;
-        }
-    }
+    if (!pa_dlopen_syms(path, syms, sizeof syms / sizeof syms[0], err, err_len)) return false;
     snprintf(blas_path, sizeof blas_path, "%s", path);
     return true;
 }

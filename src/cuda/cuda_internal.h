@@ -22,6 +22,17 @@ extern pa_nvrtc pa_rtc;       /* valid once pa_nvrtc_ready() returned true */
 bool pa_cuda_driver_ready(char *why, size_t why_len);
 bool pa_nvrtc_ready(char *why, size_t why_len);
 int pa_nvrtc_version(void); /* major * 10 + minor: 130 for 13.0 */
+/* A symbol to resolve: its name, where its address goes, whether it must exist. */
+typedef struct pa_sym {
+    const char *name;
+    void **slot;
+    bool required;
+} pa_sym;
+/* dlopen(path) and resolve syms: the handle, or NULL (every slot cleared, the
+ * handle closed, err saying why) where it does not open or lacks a required
+ * symbol. */
+void *pa_dlopen_syms(const char *path, const pa_sym *syms, size_t n, char *err, size_t err_len);
+
 /* Opens a CUDA toolkit library with try_open: the path in $env when set (that
  * one only), else by stem ("libnvrtc"): its sonames (13, 12, unversioned),
  * /usr/local/cuda/lib64 and lib, $CUDA_HOME (or $CUDA_PATH)/lib64 and lib.

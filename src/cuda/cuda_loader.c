@@ -129,35 +129,38 @@ bool pa_cuda_driver_ready(char *why, size_t why_len) {
     return driver_ok;
 }
 
-/* ---- NVRTC ---- */
-
-#define RTC(name) {#name, (void **)&pa_rtc.name}
-
-static bool try_nvrtc(const char *path, char *err, size_t err_len) {
+void *pa_dlopen_syms(const char *path, const pa_sym *syms, size_t n, char *err, size_t err_len) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
         snprintf(err, err_len, "%s", e ? e : "not found");
-        return false;
+        return NULL;
     }
-    const struct {
-        const char *name;
-        void **slot;
-    } syms[] = {
+    for (size_t i = 0; i < n; i++) {
+        *syms[i].slot = dlsym(h, syms[i].name);
+        if (!*syms[i].slot && syms[i].required) {
+            snprintf(err, err_len, "%s lacks %s", path, syms[i].name);
+            for (size_t j = 0; j < n; j++) *syms[j].slot = NULL;
+            dlclose(h);
+            return NULL;
+        }
+    }
+    return h;
+}
+
+/* ---- NVRTC ---- */
+
+#define RTC(name) {#name, (void **)&pa_rtc.name, true}
+
+static bool try_nvrtc(const char *path, char *err, size_t err_len) {
+    const pa_sym syms[] = {
         RTC(nvrtcGetErrorString), RTC(nvrtcVersion), RTC(nvrtcGetNumSupportedArchs),
         RTC(nvrtcGetSupportedArchs), RTC(nvrtcCreateProgram), RTC(nvrtcDestroyProgram),
         RTC(nvrtcCompileProgram), RTC(nvrtcGetProgramLogSize), RTC(nvrtcGetProgramLog),
         RTC(nvrtcGetPTXSize), RTC(nvrtcGetPTX), RTC(nvrtcGetCUBINSize), RTC(nvrtcGetCUBIN),
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot) {
-            snprintf(err, err_len, "%s lacks %s", path, syms[i].name);
-            memset(&pa_rtc, 0, sizeof pa_rtc);
-            dlclose(h);
-            return false;
-        }
-    }
+    void *h = pa_dlopen_syms(path, syms, sizeof syms / sizeof syms[0], err, err_len);
+    if (!h) return false;
     int major = 0, minor = 0;
     if (pa_rtc.nvrtcVersion(&major, &minor) != 0 || major < 11) {
         snprintf(err, err_len, "%s is NVRTC %d.%d; 11.0 or newer is needed", path, major, minor);
