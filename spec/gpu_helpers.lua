@@ -85,6 +85,15 @@ function G.write(t, offset, values)
   assert(t:write(values, offset, #values))
 end
 
+-- The first index in [i0, i1] (default: all of a) where two tables differ
+-- bit for bit (~=), or nil.
+function G.first_diff(a, b, i0, i1)
+  for i = i0 or 1, i1 or #a do
+    if a[i] ~= b[i] then return i end
+  end
+  return nil
+end
+
 -- max |a - b| over two flat tables (NaN: infinite).
 G.max_diff = ref.max_abs_diff
 

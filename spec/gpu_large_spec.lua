@@ -200,11 +200,10 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
         local off, count = page * s.page * s.Hk * s.D, s.page * s.Hk * s.D
         for _, name in ipairs({ "k_cache", "v_cache" }) do
           local a, c = G.read(tg[name], off, count), G.read(tc[name], off, count)
-          for i = 1, count do
-            if a[i] ~= c[i] then
-              error(string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, page, i - 1,
-                a[i], dev.name, c[i]))
-            end
+          local i = G.first_diff(a, c)
+          if i then
+            error(string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, page, i - 1,
+              a[i], dev.name, c[i]))
           end
         end
       end

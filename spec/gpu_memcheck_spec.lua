@@ -147,11 +147,10 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
         for _, pair in ipairs({ { big_k, cpu_k }, { big_v, cpu_v } }) do
           local a = G.read(pair[1], page * PAGE_ELEMS + row, HK * D)
           local c = G.read(pair[2], index[page] * PAGE_ELEMS + row, HK * D)
-          for e = 1, HK * D do
-            if a[e] ~= c[e] then
-              error(string.format("sequence %d token %d: page %d element %d: %.9g on %s, %.9g on the CPU",
-                b - 1, pos, page, e - 1, a[e], dev.name, c[e]))
-            end
+          local e = G.first_diff(a, c)
+          if e then
+            error(string.format("sequence %d token %d: page %d element %d: %.9g on %s, %.9g on the CPU",
+              b - 1, pos, page, e - 1, a[e], dev.name, c[e]))
           end
         end
       end

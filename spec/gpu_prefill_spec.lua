@@ -509,13 +509,10 @@ describe("#gpu #memcheck prefill: the issue's case (4 x 170 tokens appended to a
         for _, name in ipairs({ "k_cache", "v_cache" }) do
           local ka, kc = f64(tg[name]), f64(tc[name])
           for p = 0, I.num_pages - 1 do
-            if not racing[p] then
-              for e = p * page_elems, (p + 1) * page_elems - 1 do
-                if ka[e] ~= kc[e] then
-                  fail(c, string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, p,
-                    e - p * page_elems, ka[e], dev.name, kc[e]))
-                end
-              end
+            local e = not racing[p] and G.first_diff(ka, kc, p * page_elems, (p + 1) * page_elems - 1)
+            if e then
+              fail(c, string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, p,
+                e - p * page_elems, ka[e], dev.name, kc[e]))
             end
           end
         end
