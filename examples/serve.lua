@@ -74,7 +74,7 @@ local function parse_args(argv)
     i = i + 1
     return v
   end
-  local function num(name) 
+  local function num(name)
     local v = tonumber(value(name))
     if not v then error("serve: " .. name .. " needs a number", 0) end
     return v
@@ -86,32 +86,28 @@ local function parse_args(argv)
     end
     return { tonumber(lo), tonumber(hi) }
   end
+  -- flag -> the option it sets, how its value is read, and whether it
+  -- overrides the size preset (set) or stands beside it (o)
+  local flags = {
+    ["--size"] = { "size", value }, ["--policy"] = { "policy", value }, ["--seed"] = { "seed", num },
+    ["--device"] = { "device", value }, ["--progress"] = { "progress", num },
+    ["--requests"] = { "requests", num, true }, ["--rate"] = { "rate", num, true },
+    ["--prompt"] = { "prompt", range, true }, ["--output"] = { "output", range, true },
+    ["--system"] = { "system", num, true }, ["--page-size"] = { "page_size", num, true },
+    ["--pages"] = { "pages", num, true }, ["--heads"] = { "heads", num, true },
+    ["--kv-heads"] = { "kv_heads", num, true }, ["--head-dim"] = { "head_dim", num, true },
+    ["--dtype"] = { "dtype", value, true }, ["--layers"] = { "layers", num, true },
+    ["--budget"] = { "budget", num, true }, ["--max-batch"] = { "max_batch", num, true },
+  }
+  local switches = { ["--no-share"] = { "share", false }, ["--check"] = { "check", true, true },
+    ["--no-check"] = { "check", false, true } }
   local set = {}
   while i <= #argv do
     local a = argv[i]
+    local f, sw = flags[a], switches[a]
     if a == "--help" or a == "-h" then io.write(HELP) os.exit(0)
-    elseif a == "--size" then o.size = value(a)
-    elseif a == "--policy" then o.policy = value(a)
-    elseif a == "--seed" then o.seed = num(a)
-    elseif a == "--requests" then set.requests = num(a)
-    elseif a == "--rate" then set.rate = num(a)
-    elseif a == "--prompt" then set.prompt = range(a)
-    elseif a == "--output" then set.output = range(a)
-    elseif a == "--system" then set.system = num(a)
-    elseif a == "--no-share" then o.share = false
-    elseif a == "--page-size" then set.page_size = num(a)
-    elseif a == "--pages" then set.pages = num(a)
-    elseif a == "--heads" then set.heads = num(a)
-    elseif a == "--kv-heads" then set.kv_heads = num(a)
-    elseif a == "--head-dim" then set.head_dim = num(a)
-    elseif a == "--dtype" then set.dtype = value(a)
-    elseif a == "--layers" then set.layers = num(a)
-    elseif a == "--budget" then set.budget = num(a)
-    elseif a == "--max-batch" then set.max_batch = num(a)
-    elseif a == "--device" then o.device = value(a)
-    elseif a == "--check" then set.check = true
-    elseif a == "--no-check" then set.check = false
-    elseif a == "--progress" then o.progress = num(a)
+    elseif f then (f[3] and set or o)[f[1]] = f[2](a)
+    elseif sw then (sw[3] and set or o)[sw[1]] = sw[2]
     else error("serve: unknown option " .. a .. " (see --help)", 0) end
     i = i + 1
   end

@@ -5,6 +5,7 @@
 -- and a check that the staging loop compiles to traces without NYI or aborts.
 -- Rerun a failure with the printed seed: PAGEDATTN_SEED=N scripts/test spec/batch_spec.lua
 local pa = require "pagedattn"
+local G = require "gpu_helpers"
 local ref = require "pagedattn.reference"
 local H = require "helpers"
 
@@ -347,10 +348,7 @@ describe("batch staging", function()
   -- the device, attention by its kernels
   describe("on CUDA #gpu", function()
     local cuda, why = pa.device("cuda")
-    if not cuda then
-      it("needs a CUDA device", function() pending("no CUDA device here: " .. tostring(why)) end)
-      return
-    end
+    if G.pending_without(pending, cuda, why) then return end
     it("stages the tables of a mixed batch", function() staged_tables(cuda) end)
     for _, case in ipairs(STEP_CASES) do
       local form, dtype, layers = case[1], case[2], case[3]

@@ -10,10 +10,7 @@ local H = require "helpers"
 local dev, why = G.device()
 
 describe("#gpu CUDA device", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
   local cpu = assert(pa.device("cpu"))
 
   it("#gpu describes itself (model, SMs, memory)", function()

@@ -29,10 +29,7 @@ local function run_cases(name, n, want_fn)
 end
 
 describe("#gpu CUDA against the float64 reference", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   for _, dt in ipairs({ "f32", "f16", "bf16" }) do
     for _, ps in ipairs({ 0, 1, 3, 5, 8, 16, 256 }) do

@@ -18,6 +18,15 @@ function G.device()
   return pa.device(G.device_name)
 end
 
+-- Inside a describe: true, after a visible pending that says why, where there
+-- is no device (the describe returns then). `pending`: busted's, which only
+-- the spec files' environment holds.
+function G.pending_without(pending, dev, why)
+  if dev then return false end
+  pending("no CUDA device: " .. tostring(why))
+  return true
+end
+
 -- The same standard normal tensor on two devices (randn is one stream everywhere).
 function G.randn2(shape, dtype, dev_a, dev_b, seed)
   return assert(pa.randn(shape, dtype, dev_a, seed)), assert(pa.randn(shape, dtype, dev_b, seed))
@@ -76,8 +85,45 @@ function G.write(t, offset, values)
   assert(t:write(values, offset, #values))
 end
 
+-- The first index in [i0, i1] (default: all of a) where two tables differ
+-- bit for bit (~=), or nil.
+function G.first_diff(a, b, i0, i1)
+  for i = i0 or 1, i1 or #a do
+    if a[i] ~= b[i] then return i end
+  end
+  return nil
+end
+
 -- max |a - b| over two flat tables (NaN: infinite).
 G.max_diff = ref.max_abs_diff
+
+-- The slice of a problem (its tensors t after the call) that the float64
+-- reference can do whole: queries q0 .. q0 + nq - 1 of kv head 0's query
+-- heads, keys 0 .. nk - 1 of kv head 0 (token tok at element offset
+-- offset_of(tok) of the caches), and the options o (causal, softcap, window,
+-- alibi: all heads' slopes) for those heads. Returns q [1, nq, G, D], k and
+-- v [1, nk, 1, D] (reference tensors) and the reference's options.
+function G.slice(t, H, Hk, D, q0, nq, nk, offset_of, o)
+  local Gq = H / Hk
+  local qd = {}
+  for i = 0, nq - 1 do
+    local row = G.read(t.q, (q0 + i) * H * D, Gq * D)
+    for j = 1, #row do qd[#qd + 1] = row[j] end
+  end
+  local kd, vd = {}, {}
+  for tok = 0, nk - 1 do
+    local off = offset_of(tok)
+    local kr, vr = G.read(t.k_cache, off, D), G.read(t.v_cache, off, D)
+    for j = 1, D do kd[#kd + 1] = kr[j]; vd[#vd + 1] = vr[j] end
+  end
+  local opts = { causal = o.causal, softcap = o.softcap, window_size = o.window }
+  if o.alibi then
+    local a = {}
+    for g = 1, Gq do a[g] = o.alibi[g] end
+    opts.alibi_slopes = ref.tensor({ Gq }, a)
+  end
+  return ref.tensor({ 1, nq, Gq, D }, qd), ref.tensor({ 1, nk, 1, D }, kd), ref.tensor({ 1, nk, 1, D }, vd), opts
+end
 
 -- The rule of DESIGN.md at sizes where the float64 reference cannot run
 -- whole: the naive-precision error is measured on one slice of the problem

@@ -64,39 +64,22 @@ end
 -- problem as reference tensors, from the caches after the call.
 local function slice(spec, t, b, nq, nk)
   local s = spec
-  local D, Hk, Gq = s.D, s.Hk, s.H / s.Hk
+  local D, Hk = s.D, s.Hk
   local q0 = s.varlen and s.cu[b + 1] or b * s.Sq
-  local qd = {}
-  for i = 0, nq - 1 do
-    local row = G.read(t.q, ((q0 + i) * s.H) * D, Gq * D) -- heads 0..G-1 (kv head 0)
-    for j = 1, #row do qd[#qd + 1] = row[j] end
-  end
-  local kd, vd = {}, {}
-  for tok = 0, nk - 1 do
-    local off
+  local q, k, v, opts = G.slice(t, s.H, Hk, D, q0, nq, nk, function(tok)
     if s.page > 0 then
       local page = s.bt[b * s.width + math.floor(tok / s.page) + 1]
-      off = ((page * s.page + tok % s.page) * Hk) * D
-    else
-      local row = s.cache_batch_idx and s.cache_batch_idx[b + 1] or b
-      off = ((row * s.S_cache + tok) * Hk) * D
+      return ((page * s.page + tok % s.page) * Hk) * D
     end
-    local kr, vr = G.read(t.k_cache, off, D), G.read(t.v_cache, off, D)
-    for j = 1, D do kd[#kd + 1] = kr[j]; vd[#vd + 1] = vr[j] end
-  end
-  local opts = { causal = s.causal, softcap = s.softcap, window_size = s.window }
-  if s.alibi then
-    local a = {}
-    for g = 1, Gq do a[g] = s.alibi[g] end
-    opts.alibi_slopes = ref.tensor({ Gq }, a)
-  end
-  local q = ref.tensor({ 1, nq, Gq, D }, qd)
+    local row = s.cache_batch_idx and s.cache_batch_idx[b + 1] or b
+    return ((row * s.S_cache + tok) * Hk) * D
+  end, s)
   -- rotary: the slice's q is the raw q; rotate it as the kernels do
   if s.rotary then
     opts.rotary_cos, opts.rotary_sin = s.rotary.cos, s.rotary.sin
     opts.rotary_interleaved = s.rotary.interleaved
   end
-  return q, ref.tensor({ 1, nk, 1, D }, kd), ref.tensor({ 1, nk, 1, D }, vd), opts
+  return q, k, v, opts
 end
 
 local function compare(name, spec, slice_args)
@@ -142,10 +125,7 @@ local function paged_spec(rng, s)
 end
 
 describe("#gpu CUDA against the CPU backend at serving sizes", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   it("#gpu decode, batch 64 x 4096 keys, bf16, page 16, random page order", function()
     local seed = H.seed("gpu large decode")
@@ -220,11 +200,10 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
         local off, count = page * s.page * s.Hk * s.D, s.page * s.Hk * s.D
         for _, name in ipairs({ "k_cache", "v_cache" }) do
           local a, c = G.read(tg[name], off, count), G.read(tc[name], off, count)
-          for i = 1, count do
-            if a[i] ~= c[i] then
-              error(string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, page, i - 1,
-                a[i], dev.name, c[i]))
-            end
+          local i = G.first_diff(a, c)
+          if i then
+            error(string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, page, i - 1,
+              a[i], dev.name, c[i]))
           end
         end
       end

@@ -71,10 +71,7 @@ local function assert_close(name, a, b, tol, rel)
 end
 
 describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 2^31 elements", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
   local cpu = assert(pa.device("cpu"))
 
   it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()
@@ -150,11 +147,10 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
         for _, pair in ipairs({ { big_k, cpu_k }, { big_v, cpu_v } }) do
           local a = G.read(pair[1], page * PAGE_ELEMS + row, HK * D)
           local c = G.read(pair[2], index[page] * PAGE_ELEMS + row, HK * D)
-          for e = 1, HK * D do
-            if a[e] ~= c[e] then
-              error(string.format("sequence %d token %d: page %d element %d: %.9g on %s, %.9g on the CPU",
-                b - 1, pos, page, e - 1, a[e], dev.name, c[e]))
-            end
+          local e = G.first_diff(a, c)
+          if e then
+            error(string.format("sequence %d token %d: page %d element %d: %.9g on %s, %.9g on the CPU",
+              b - 1, pos, page, e - 1, a[e], dev.name, c[e]))
           end
         end
       end

@@ -187,29 +187,12 @@ end
 -- call): sequence b, kv head 0 and its query heads, the last SLICE_Q queries,
 -- all keys (the causal / window / ALiBi diagonal stays where it was).
 local function slice_tolerance(c, t, b)
-  local Gq, D, sq, sk = c.H / c.Hk, c.D, c.sq[b + 1], c.sk[b + 1]
+  local sq, sk = c.sq[b + 1], c.sk[b + 1]
   local nq = math.min(sq, SLICE_Q)
   if nq == 0 or sk == 0 then return 1e-5, 0 end
   local q0 = (c.form == "varlen" and c.cu[b + 1] or b * sq) + sq - nq
-  local qd = {}
-  for i = 0, nq - 1 do
-    local row = G.read(t.q, (q0 + i) * c.H * D, Gq * D)
-    for j = 1, #row do qd[#qd + 1] = row[j] end
-  end
-  local kd, vd = {}, {}
-  for tok = 0, sk - 1 do
-    local off = token_offset(c, b, tok)
-    local kr, vr = G.read(t.k_cache, off, D), G.read(t.v_cache, off, D)
-    for j = 1, D do kd[#kd + 1] = kr[j]; vd[#vd + 1] = vr[j] end
-  end
-  local opts = { causal = c.causal, softcap = c.softcap, window_size = c.window }
-  if c.alibi then
-    local a = {}
-    for g = 1, Gq do a[g] = c.alibi[g] end
-    opts.alibi_slopes = ref.tensor({ Gq }, a)
-  end
-  return G.naive_tolerance(c.dtype, ref.tensor({ 1, nq, Gq, D }, qd), ref.tensor({ 1, sk, 1, D }, kd),
-    ref.tensor({ 1, sk, 1, D }, vd), opts)
+  local q, k, v, opts = G.slice(t, c.H, c.Hk, c.D, q0, nq, sk, function(tok) return token_offset(c, b, tok) end, c)
+  return G.naive_tolerance(c.dtype, q, k, v, opts)
 end
 
 local function fail(c, msg)
@@ -294,10 +277,7 @@ local function grid_pairs()
 end
 
 describe("#gpu prefill on CUDA against the CPU backend", function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   it("#gpu grid seqlen_q x seqlen_k (1 to 4100), causal, bf16, D 128, GQA 4, page 16", function()
     for i, p in ipairs(grid_pairs()) do
@@ -462,10 +442,7 @@ end
 
 describe("#gpu #memcheck prefill: the issue's case (4 x 170 tokens appended to an empty paged cache, random tables)",
   function()
-  if not dev then
-    pending("no CUDA device: " .. tostring(why))
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   it("#gpu issue: batch 4 x 170 new tokens, 32/8 heads, D 128, page 16, causal, random tables with duplicates",
     function()
@@ -532,13 +509,10 @@ describe("#gpu #memcheck prefill: the issue's case (4 x 170 tokens appended to a
         for _, name in ipairs({ "k_cache", "v_cache" }) do
           local ka, kc = f64(tg[name]), f64(tc[name])
           for p = 0, I.num_pages - 1 do
-            if not racing[p] then
-              for e = p * page_elems, (p + 1) * page_elems - 1 do
-                if ka[e] ~= kc[e] then
-                  fail(c, string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, p,
-                    e - p * page_elems, ka[e], dev.name, kc[e]))
-                end
-              end
+            local e = not racing[p] and G.first_diff(ka, kc, p * page_elems, (p + 1) * page_elems - 1)
+            if e then
+              fail(c, string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, p,
+                e - p * page_elems, ka[e], dev.name, kc[e]))
             end
           end
         end

@@ -293,10 +293,7 @@ end)
 
 describe("#gpu host mirrors on the GPU", function()
   local dev, why = G.device()
-  if not dev then
-    it("needs a CUDA device", function() pending("no CUDA device: " .. tostring(why)) end)
-    return
-  end
+  if G.pending_without(pending, dev, why) then return end
 
   mirror_cases(dev, dev.name)
 

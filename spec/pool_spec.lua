@@ -6,6 +6,7 @@
 -- checked on the data too, not only on the bookkeeping.
 -- Rerun a failure with the printed seed: PAGEDATTN_SEED=N scripts/test spec/pool_spec.lua
 local pa = require "pagedattn"
+local G = require "gpu_helpers"
 local H = require "helpers"
 
 local SPEC = "spec/pool_spec.lua"
@@ -549,10 +550,7 @@ describe("page pool", function()
 
   describe("on CUDA #gpu", function()
     local cuda, why = pa.device("cuda")
-    if not cuda then
-      it("needs a CUDA device", function() pending("no CUDA device here: " .. tostring(why)) end)
-      return
-    end
+    if G.pending_without(pending, cuda, why) then return end
     it("copy-on-write copies every layer's k and v", function() cow_copies_data(cuda) end)
     it("random operations against a Lua model, cache on the device", function()
       for i = 1, H.scale(2) do

@@ -1340,16 +1340,24 @@ local function shape_of(p)
   return s
 end
 
+-- A workload's tensors: caches of `keys` keys per sequence, q and out of Sq
+-- queries per sequence.
+local function tensors_of(p, env, s, keys, Sq)
+  local lib, dev = env.pa, env.device
+  local kc, vc, bt = M.make_cache(lib, dev, s.B, keys, s.Hk, s.D, s.page, s.dtype, p.page_order)
+  local q = lib.randn({ s.B, Sq, s.H, s.D }, s.dtype, dev, 3)
+  local out = lib.tensor({ s.B, Sq, s.H, s.D }, s.dtype, dev)
+  return kc, vc, bt, q, out
+end
+
 -- Decode: one new query token per sequence over `context` cached keys.
 -- Memory-bound: judged by the K/V bytes read.
 function M.decode(p, env)
-  local lib, dev = env.pa, env.device
+  local lib = env.pa
   local s = shape_of(p)
   local L = p.context or 4096
   local Sq = p.seqlen or 1
-  local kc, vc, bt = M.make_cache(lib, dev, s.B, L, s.Hk, s.D, s.page, s.dtype, p.page_order)
-  local q = lib.randn({ s.B, Sq, s.H, s.D }, s.dtype, dev, 3)
-  local out = lib.tensor({ s.B, Sq, s.H, s.D }, s.dtype, dev)
+  local kc, vc, bt, q, out = tensors_of(p, env, s, L, Sq)
   local opts = { cache_seqlens = L, block_table = bt, out = out, num_splits = p.num_splits,
                  causal = Sq > 1 and p.causal ~= false or nil }
   return {
@@ -1364,15 +1372,13 @@ end
 -- seqlen queries per sequence over context + seqlen keys, causal by default.
 -- Compute-bound: judged by 4 * H * D flops per unmasked (query, key) pair.
 function M.prefill(p, env)
-  local lib, dev = env.pa, env.device
+  local lib = env.pa
   local s = shape_of(p)
   local Sq = p.seqlen or 2048
   local ctx = p.context or 0
   local Sk = ctx + Sq
   local causal = p.causal ~= false
-  local kc, vc, bt = M.make_cache(lib, dev, s.B, Sk, s.Hk, s.D, s.page, s.dtype, p.page_order)
-  local q = lib.randn({ s.B, Sq, s.H, s.D }, s.dtype, dev, 3)
-  local out = lib.tensor({ s.B, Sq, s.H, s.D }, s.dtype, dev)
+  local kc, vc, bt, q, out = tensors_of(p, env, s, Sk, Sq)
   local opts = { cache_seqlens = Sk, block_table = bt, out = out, causal = causal,
                  num_splits = p.num_splits }
   -- bottom-right aligned causal mask: query i sees ctx + i + 1 keys

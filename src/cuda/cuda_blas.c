@@ -57,55 +57,26 @@ static char blas_path[300]; /* what was opened */
 #define BLAS(name, required) {#name, (void **)&blas.name, required}
 
 static bool try_cublas(const char *path, char *err, size_t err_len) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(err, err_len, "%s", e ? e : "not found");
-        return false;
-    }
-    const struct {
-        const char *name;
-        void **slot;
-        bool required;
-    } syms[] = {
+    const pa_sym syms[] = {
         BLAS(cublasCreate_v2, true),     BLAS(cublasDestroy_v2, true),
         BLAS(cublasSetStream_v2, true),  BLAS(cublasGetVersion_v2, true),
         BLAS(cublasGemmEx, true),        BLAS(cublasGetStatusString, false),
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot && syms[i].required) {
-            snprintf(err, err_len, "%s lacks %s", path, syms[i].name);
-            memset(&blas, 0, sizeof blas);
-            dlclose(h);
-            return false;
-        }
-    }
+    if (!pa_dlopen_syms(path, syms, sizeof syms / sizeof syms[0], err, err_len)) return false;
     snprintf(blas_path, sizeof blas_path, "%s", path);
     return true;
 }
 
 static void load_cublas(void) {
     const char *env = getenv("PAGEDATTN_CUBLAS");
-    char err[400] = "";
     if (env && strcmp(env, "off") == 0) {
         snprintf(blas_why, sizeof blas_why, "not measured: PAGEDATTN_CUBLAS=off");
         return;
     }
-    if (env && *env) {
-        if (try_cublas(env, err, sizeof err)) blas_ok = true;
-        else snprintf(blas_why, sizeof blas_why, "not measured: $PAGEDATTN_CUBLAS=%.100s: %.150s", env, err);
-        return;
-    }
     /* libcublas finds its libcublasLt beside itself (RUNPATH $ORIGIN) */
-    if (pa_cuda_open_toolkit_lib("libcublas", try_cublas, err, sizeof err)) {
-        blas_ok = true;
-        return;
-    }
-    snprintf(blas_why, sizeof blas_why,
-             "not measured: cuBLAS (libcublas.so.13) not found; install the CUDA toolkit's cuBLAS or "
-             "set PAGEDATTN_CUBLAS to its path (last error: %.150s)",
-             err);
+    char why[sizeof blas_why - 16];
+    blas_ok = pa_cuda_open_toolkit_lib("PAGEDATTN_CUBLAS", "libcublas", "cuBLAS", try_cublas, why, sizeof why);
+    if (!blas_ok) snprintf(blas_why, sizeof blas_why, "not measured: %s", why);
 }
 
 static const char *status_str(cublasStatus_t s) {

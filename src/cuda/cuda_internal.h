@@ -22,11 +22,24 @@ extern pa_nvrtc pa_rtc;       /* valid once pa_nvrtc_ready() returned true */
 bool pa_cuda_driver_ready(char *why, size_t why_len);
 bool pa_nvrtc_ready(char *why, size_t why_len);
 int pa_nvrtc_version(void); /* major * 10 + minor: 130 for 13.0 */
-/* Opens a CUDA toolkit library by stem ("libnvrtc"): try_open on its sonames
- * (13, 12, unversioned), then /usr/local/cuda/lib64 and lib, then
- * $CUDA_HOME (or $CUDA_PATH)/lib64 and lib; err holds the last failure. */
-bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
-                              char *err, size_t err_len);
+/* A symbol to resolve: its name, where its address goes, whether it must exist. */
+typedef struct pa_sym {
+    const char *name;
+    void **slot;
+    bool required;
+} pa_sym;
+/* dlopen(path) and resolve syms: the handle, or NULL (every slot cleared, the
+ * handle closed, err saying why) where it does not open or lacks a required
+ * symbol. */
+void *pa_dlopen_syms(const char *path, const pa_sym *syms, size_t n, char *err, size_t err_len);
+
+/* Opens a CUDA toolkit library with try_open: the path in $env when set (that
+ * one only), else by stem ("libnvrtc"): its sonames (13, 12, unversioned),
+ * /usr/local/cuda/lib64 and lib, $CUDA_HOME (or $CUDA_PATH)/lib64 and lib.
+ * On failure `why` says so, naming `what` ("NVRTC"), env and the last error. */
+bool pa_cuda_open_toolkit_lib(const char *env, const char *stem, const char *what,
+                              bool (*try_open)(const char *path, char *err, size_t err_len), char *why,
+                              size_t why_len);
 
 /* Records a failed driver call (its text, the file and line) on ctx. */
 pa_status pa_cu_fail(pa_context *ctx, CUresult r, const char *call, const char *file, int line);
@@ -128,7 +141,7 @@ typedef struct pa_kernel_source {
     const char *text;
     size_t len;
 } pa_kernel_source;
-#define PA_KERNEL_SOURCES 15
+#define PA_KERNEL_SOURCES 16
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
 /* The target NVRTC compiles for on compute capability major.minor ("sm_90a",
  * "sm_80", or "compute_XX" PTX when NVRTC does not know the device). */

@@ -130,35 +130,38 @@ bool pa_cuda_driver_ready(char *why, size_t why_len) {
     return driver_ok;
 }
 
-/* ---- NVRTC ---- */
-
-#define RTC(name) {#name, (void **)&pa_rtc.name}
-
-static bool try_nvrtc(const char *path, char *err, size_t err_len) {
+void *pa_dlopen_syms(const char *path, const pa_sym *syms, size_t n, char *err, size_t err_len) {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
         snprintf(err, err_len, "%s", e ? e : "not found");
-        return false;
+        return NULL;
     }
-    const struct {
-        const char *name;
-        void **slot;
-    } syms[] = {
+    for (size_t i = 0; i < n; i++) {
+        *syms[i].slot = dlsym(h, syms[i].name);
+        if (!*syms[i].slot && syms[i].required) {
+            snprintf(err, err_len, "%s lacks %s", path, syms[i].name);
+            for (size_t j = 0; j < n; j++) *syms[j].slot = NULL;
+            dlclose(h);
+            return NULL;
+        }
+    }
+    return h;
+}
+
+/* ---- NVRTC ---- */
+
+#define RTC(name) {#name, (void **)&pa_rtc.name, true}
+
+static bool try_nvrtc(const char *path, char *err, size_t err_len) {
+    const pa_sym syms[] = {
         RTC(nvrtcGetErrorString), RTC(nvrtcVersion), RTC(nvrtcGetNumSupportedArchs),
         RTC(nvrtcGetSupportedArchs), RTC(nvrtcCreateProgram), RTC(nvrtcDestroyProgram),
         RTC(nvrtcCompileProgram), RTC(nvrtcGetProgramLogSize), RTC(nvrtcGetProgramLog),
         RTC(nvrtcGetPTXSize), RTC(nvrtcGetPTX), RTC(nvrtcGetCUBINSize), RTC(nvrtcGetCUBIN),
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot) {
-            snprintf(err, err_len, "%s lacks %s", path, syms[i].name);
-            memset(&pa_rtc, 0, sizeof pa_rtc);
-            dlclose(h);
-            return false;
-        }
-    }
+    void *h = pa_dlopen_syms(path, syms, sizeof syms / sizeof syms[0], err, err_len);
+    if (!h) return false;
     int major = 0, minor = 0;
     if (pa_rtc.nvrtcVersion(&major, &minor) != 0 || major < 11) {
         snprintf(err, err_len, "%s is NVRTC %d.%d; 11.0 or newer is needed", path, major, minor);
@@ -184,8 +187,8 @@ static bool try_nvrtc(const char *path, char *err, size_t err_len) {
     return true;
 }
 
-bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
-                              char *err, size_t err_len) {
+static bool search_toolkit(const char *stem, bool (*try_open)(const char *path, char *err, size_t err_len),
+                           char *err, size_t err_len) {
     /* the soname first (the loader's path), then the toolkit's usual places */
     static const char *const places[] = {"%s.so.13", "%s.so.12", "%s.so",
                                          "/usr/local/cuda/lib64/%s.so.13", "/usr/local/cuda/lib64/%s.so.12",
@@ -207,22 +210,24 @@ bool pa_cuda_open_toolkit_lib(const char *stem, bool (*try_open)(const char *pat
     return false;
 }
 
+bool pa_cuda_open_toolkit_lib(const char *env, const char *stem, const char *what,
+                              bool (*try_open)(const char *path, char *err, size_t err_len), char *why,
+                              size_t why_len) {
+    const char *path = getenv(env);
+    char err[400] = "";
+    if (path && *path) {
+        if (try_open(path, err, sizeof err)) return true;
+        snprintf(why, why_len, "%s: $%s=%.200s: %s", what, env, path, err);
+        return false;
+    }
+    if (search_toolkit(stem, try_open, err, sizeof err)) return true;
+    snprintf(why, why_len, "%s (%s.so.13) not found: install the CUDA toolkit's %s, or set %s to its path (last error: %s)",
+             what, stem, what, env, err);
+    return false;
+}
+
 static void load_nvrtc(void) {
-    const char *env = getenv("PAGEDATTN_NVRTC");
-    char err[512];
-    if (env && *env) {
-        if (try_nvrtc(env, err, sizeof err)) nvrtc_ok = true;
-        else snprintf(nvrtc_why, sizeof nvrtc_why, "NVRTC: $PAGEDATTN_NVRTC=%s: %s", env, err);
-        return;
-    }
-    if (pa_cuda_open_toolkit_lib("libnvrtc", try_nvrtc, err, sizeof err)) {
-        nvrtc_ok = true;
-        return;
-    }
-    snprintf(nvrtc_why, sizeof nvrtc_why,
-             "NVRTC (libnvrtc.so.13) not found: install the CUDA toolkit's NVRTC, or set "
-             "PAGEDATTN_NVRTC to its path (last error: %s)",
-             err);
+    nvrtc_ok = pa_cuda_open_toolkit_lib("PAGEDATTN_NVRTC", "libnvrtc", "NVRTC", try_nvrtc, nvrtc_why, sizeof nvrtc_why);
 }
 
 bool pa_nvrtc_ready(char *why, size_t why_len) {

@@ -25,6 +25,7 @@
 #include "../../kernels/fallback.cu"
 #include "../../kernels/prefill_common.cuh"
 #include "../../kernels/wgmma.cuh"
+#include "../../kernels/wgmma_ops.cuh"
 #include "../../kernels/prefill_wgmma.cuh"
 #include "../../kernels/prefill.cu"
 #include "../../kernels/prefill_wgmma.cu"
@@ -55,6 +56,7 @@ EMBED(decode_mma, "decode_mma.cu")
 EMBED(fallback, "fallback.cu")
 EMBED(prefill_common, "prefill_common.cuh")
 EMBED(wgmma, "wgmma.cuh")
+EMBED(wgmma_ops, "wgmma_ops.cuh")
 EMBED(prefill_wgmma_h, "prefill_wgmma.cuh")
 EMBED(prefill, "prefill.cu")
 EMBED(prefill_wgmma, "prefill_wgmma.cu")
@@ -73,6 +75,7 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"fallback.cu", pa_ksrc_fallback, (size_t)(pa_ksrc_fallback_end - pa_ksrc_fallback)},
         {"prefill_common.cuh", pa_ksrc_prefill_common, (size_t)(pa_ksrc_prefill_common_end - pa_ksrc_prefill_common)},
         {"wgmma.cuh", pa_ksrc_wgmma, (size_t)(pa_ksrc_wgmma_end - pa_ksrc_wgmma)},
+        {"wgmma_ops.cuh", pa_ksrc_wgmma_ops, (size_t)(pa_ksrc_wgmma_ops_end - pa_ksrc_wgmma_ops)},
         {"prefill_wgmma.cuh", pa_ksrc_prefill_wgmma_h, (size_t)(pa_ksrc_prefill_wgmma_h_end - pa_ksrc_prefill_wgmma_h)},
         {"prefill.cu", pa_ksrc_prefill, (size_t)(pa_ksrc_prefill_end - pa_ksrc_prefill)},
         {"prefill_wgmma.cu", pa_ksrc_prefill_wgmma, (size_t)(pa_ksrc_prefill_wgmma_end - pa_ksrc_prefill_wgmma)},
