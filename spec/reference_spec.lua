@@ -1027,6 +1027,48 @@ describe("precision emulation", function()
     assert.is_false(exact)
   end)
 
+  it("rounds to f32 as the hardware does (random values, ties, range edges)", function()
+    local ffi = require "ffi"
+    local box = ffi.new("float[1]")
+    local function hw(x) box[0] = x; return box[0] end
+    local rng = ref.rng(83)
+    local sign = function() return rng:uniform() < 0.5 and -1 or 1 end
+    local cases = { 0, -0.0, 1 / 0, -1 / 0, 2 ^ -149, 2 ^ -150, 3 * 2 ^ -151, 2 ^ 128, (2 - 2 ^ -24) * 2 ^ 127 }
+    for i = 1, 20000 do
+      local e = rng:int(-155, 130)
+      cases[#cases + 1] = sign() * rng:normal() * 2 ^ e
+      cases[#cases + 1] = sign() * (2 ^ 24 + rng:int(0, 2 ^ 24 - 1)) * 2 ^ (e - 24) -- 25 bits: ties
+    end
+    for _, x in ipairs(cases) do
+      local got, want = ref.round(x, "f32"), hw(x)
+      assert(got == want and 1 / got == 1 / want,
+        string.format("f32 rounding of %a: %a, the hardware gives %a", x, got, want))
+    end
+  end)
+
+  it("accumulates q.k in f32, one rounding per term (by hand)", function()
+    -- 1 + 2^-24 ties to 1 in f32, twice; the f64 sum 1 + 2^-23 is an f32 value
+    local q = T({ 1, 1, 1, 3 }, { 1, 2 ^ -24, 2 ^ -24 })
+    local k = T({ 1, 1, 1, 3 }, { 1, 1, 1 })
+    local v = T({ 1, 1, 1, 3 }, { 1, 1, 1 })
+    local _, l32 = ref.attention_with_kvcache(q, k, v, { softmax_scale = 1, precision = "f32" })
+    assert.are.equal(1, l32.data[1])
+    local _, l64 = ref.attention_with_kvcache(q, k, v, { softmax_scale = 1 })
+    assert.are.equal(1 + 2 ^ -23, l64.data[1])
+  end)
+
+  it("accumulates p v in f32, one rounding per key (by hand)", function()
+    -- four equal scores: p = 1/4 each; terms 1/4, 2^-26, 2^-26, 0: each 2^-26
+    -- is half an f32 ulp of 1/4 and ties back to 1/4; their f64 sum is an f32 value
+    local q = T({ 1, 1, 1, 1 }, { 0 })
+    local k = T({ 1, 4, 1, 1 }, { 1, 2, 3, 4 })
+    local v = T({ 1, 4, 1, 1 }, { 1, 2 ^ -24, 2 ^ -24, 0 })
+    local o32 = ref.attention_with_kvcache(q, k, v, { precision = "f32" })
+    assert.are.equal(0.25, o32.data[1])
+    local o64 = ref.attention_with_kvcache(q, k, v, {})
+    assert.are.equal(0.25 + 2 ^ -25, o64.data[1])
+  end)
+
   it("rounds the dot product before scaling (f16, by hand)", function()
     -- q.k = 1 + 2^-11 ties to 1 in f16; times 1 + 2^-10 is exactly 1 + 2^-10.
     -- Rounding only after scaling would give 1 + 2^-9.

@@ -19,6 +19,10 @@
 -- * precision emulation rounds softcap the way PyTorch would: after s / cap,
 --   after tanh, after * cap. Cache values that were already there are read as
 --   given (callers pass values that are representable in their dtype).
+-- * precision emulation accumulates q.k and p v in f32, rounding after each
+--   multiply-add in key (and dimension) order, as PyTorch's matrix products
+--   accumulate in f32 for f32, f16 and bf16 inputs: the naive computation's
+--   error includes its accumulation error.
 -- * the window is used as given; flash-attention 2 first turns a side that is
 --   >= the cache capacity into -1, which can change where q is rotated.
 -- * opts.out, opts.num_splits, opts.return_softmax_lse, opts.max_seqlen_q are
@@ -123,6 +127,24 @@ local ROUNDERS = { f64 = identity }
 for name, f in pairs(FORMATS) do
   local p, emin, maxv = f.p, f.emin, f.max
   ROUNDERS[name] = function(x) return round_fmt(x, p, emin, maxv) end
+end
+
+-- f32 without frexp (which LuaJIT does not compile), for the hot loops of the
+-- precision emulation: for 2^-100 <= |x| <= 2^100, Veltkamp's split with
+-- x * (2^29 + 1) rounds x to nearest with 24 bits (ties went to even in every
+-- case tried: reference_spec compares it with the hardware's f32 conversion on
+-- random values and ties). Outside that range round_fmt.
+do
+  local slow = ROUNDERS.f32
+  local SPLIT, LO, HI = 2 ^ 29 + 1, 2 ^ -100, 2 ^ 100
+  ROUNDERS.f32 = function(x)
+    local a = x < 0 and -x or x
+    if a >= LO and a <= HI then
+      local c = x * SPLIT
+      return c - (c - x)
+    end
+    return slow(x)
+  end
 end
 
 local function rounder(dtype, what)
@@ -433,6 +455,7 @@ local function parse_common(opts, B, H, Hk, D)
   end
   if opts.precision ~= nil and opts.precision ~= "f64" then
     c.R = rounder(opts.precision, "precision")
+    c.A = ROUNDERS.f32 -- the accumulator of the naive matrix products
   end
   c.store = rounder(opts.cache_dtype, "cache_dtype")
   if opts.rotary_cos ~= nil or opts.rotary_sin ~= nil then
@@ -548,7 +571,7 @@ end
 -- head 0; token stride H*D; out uses the same layout), sq, sk, qpos0 (rotary
 -- position base), offs (token offsets), lse_off, lse_hstride, b.
 local function attend_seq(c, s, qd, kd, vd, outd, lsed, H, D, scr)
-  local R = c.R
+  local R, A = c.R, c.A
   local scale, softcap = c.scale, c.softcap
   local group = c.group
   local sq, sk, offs = s.sq, s.sk, s.offs
@@ -584,8 +607,8 @@ local function attend_seq(c, s, qd, kd, vd, outd, lsed, H, D, scr)
         local j = jlo + idx - 1
         local ko = offs[j + 1] + hk * D
         local acc = 0
-        for d = 1, D do acc = acc + qv[d] * kd[ko + d] end
         if R then
+          for d = 1, D do acc = A(acc + qv[d] * kd[ko + d]) end
           acc = R(acc)
           acc = R(acc * scale)
           if softcap > 0 then acc = R(softcap * R(tanh(R(acc / softcap)))) end
@@ -595,6 +618,7 @@ local function attend_seq(c, s, qd, kd, vd, outd, lsed, H, D, scr)
             acc = R(acc - slope * dist)
           end
         else
+          for d = 1, D do acc = acc + qv[d] * kd[ko + d] end
           acc = acc * scale
           if softcap > 0 then acc = softcap * tanh(acc / softcap) end
           if slope then
@@ -620,9 +644,13 @@ local function attend_seq(c, s, qd, kd, vd, outd, lsed, H, D, scr)
         lse = m + log(sum)
         for idx = 1, n do
           local p = sc[idx] / sum
-          if R then p = R(p) end
           local vo = offs[jlo + idx] + hk * D
-          for d = 1, D do o[d] = o[d] + p * vd[vo + d] end
+          if R then
+            p = R(p)
+            for d = 1, D do o[d] = A(o[d] + p * vd[vo + d]) end
+          else
+            for d = 1, D do o[d] = o[d] + p * vd[vo + d] end
+          end
         end
         if R then lse = ROUNDERS.f32(lse) end
       end

@@ -60,7 +60,9 @@ pa_status pa_fail_prefix(pa_context *ctx, pa_status status, const char *where) {
     if (ctx) {
         char old[PA_ERRMSG_LEN];
         memcpy(old, ctx->message, sizeof old);
-        snprintf(ctx->message, sizeof ctx->message, "%s: %s", where, old);
+        /* a message longer than the buffer is cut at its end: the start names the failure */
+        if (snprintf(ctx->message, sizeof ctx->message, "%s: %s", where, old) < 0)
+            ctx->message[0] = '\0';
         ctx->status = status;
     }
     return status;
