@@ -56,7 +56,7 @@ describe("#gpu CUDA device", function()
         local a = assert(pa.randn({ n }, dt, dev, seed)):to_table()
         local c = assert(pa.randn({ n }, dt, cpu, seed)):to_table()
         local differ, sum, sumsq = 0, 0, 0
-        local ulp = ({ f32 = 2 ^ -23, f16 = 2 ^ -10, bf16 = 2 ^ -7 })[dt]
+        local ulp = G.STEP[dt]
         for i = 1, n do
           if a[i] ~= c[i] then
             differ = differ + 1

@@ -12,6 +12,10 @@ local core = require "pagedattn.core"
 local G = {}
 
 G.device_name = os.getenv("PAGEDATTN_GPU_SPEC_DEVICE") or "cuda"
+-- PAGEDATTN_GPU_SPEC_SMALL=1: smaller sizes (dry runs on the CPU)
+G.small = os.getenv("PAGEDATTN_GPU_SPEC_SMALL") == "1"
+-- One rounding step of each dtype, relative (2^-mantissa bits)
+G.STEP = { f32 = 2 ^ -23, f16 = 2 ^ -10, bf16 = 2 ^ -7 }
 
 -- The device under test, or nil and why not.
 function G.device()

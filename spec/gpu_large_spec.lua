@@ -10,7 +10,7 @@ local G = require "gpu_helpers"
 local H = require "helpers"
 
 local dev, why = G.device()
-local small = os.getenv("PAGEDATTN_GPU_SPEC_SMALL") == "1"
+local small = G.small
 
 -- A problem on a device: the tensors made from seeds, the options.
 --   spec: B, H, Hk, D, dtype, page (0: contiguous), keys {per sequence},
@@ -107,7 +107,7 @@ local function compare(name, spec, slice_args)
   local out_c = oc:to_table()
   local biggest = 0
   for i = 1, #out_c do biggest = math.max(biggest, math.abs(out_c[i])) end
-  tol = tol + biggest * ({ f32 = 2 ^ -23, f16 = 2 ^ -10, bf16 = 2 ^ -7 })[spec.dtype]
+  tol = tol + biggest * G.STEP[spec.dtype]
   local err = G.max_diff(og:to_table(), out_c)
   local lse_err = G.max_diff(lg:to_table(), lc:to_table())
   io.stderr:write(string.format("  %s: max |cuda - cpu| out %.3g, lse %.3g; tolerance %.3g (naive %s error %.3g)\n",
@@ -127,24 +127,25 @@ end
 describe("#gpu CUDA against the CPU backend at serving sizes", function()
   if G.pending_without(pending, dev, why) then return end
 
-  it("#gpu decode, batch 64 x 4096 keys, bf16, page 16, random page order", function()
-    local seed = H.seed("gpu large decode")
-    local rng = ref.rng(seed)
-    local B, S = small and 8 or 64, small and 512 or 4096
-    local s = { seed = seed, B = B, Sq = 1, H = 32, Hk = 8, D = 128, dtype = "bf16", page = 16, keys = {}, cached = {} }
+  -- One query per sequence over B full caches of S keys (32/8 heads, D 128);
+  -- the tolerance slice is sequence 0's first nk keys.
+  local function uniform_decode(seed_name, name, B, S, dtype, page, nk)
+    local seed = H.seed(seed_name)
+    local s = { seed = seed, B = B, Sq = 1, H = 32, Hk = 8, D = 128, dtype = dtype, page = page, keys = {}, cached = {} }
     for b = 1, B do s.keys[b] = S; s.cached[b] = S end
-    paged_spec(rng, s)
-    compare("decode 64x4096 bf16 page 16", s, { b = 0, nq = 1, nk = S })
+    paged_spec(ref.rng(seed), s)
+    compare(name, s, { b = 0, nq = 1, nk = nk })
+  end
+
+  it("#gpu decode, batch 64 x 4096 keys, bf16, page 16, random page order", function()
+    local S = small and 512 or 4096
+    uniform_decode("gpu large decode", "decode 64x4096 bf16 page 16", small and 8 or 64, S, "bf16", 16, S)
   end)
 
   it("#gpu decode, batch 8 x 32768 keys, f16, page 256 (many splits)", function()
-    local seed = H.seed("gpu large long")
-    local rng = ref.rng(seed)
-    local B, S = small and 2 or 8, small and 2048 or 32768
-    local s = { seed = seed, B = B, Sq = 1, H = 32, Hk = 8, D = 128, dtype = "f16", page = 256, keys = {}, cached = {} }
-    for b = 1, B do s.keys[b] = S; s.cached[b] = S end
-    paged_spec(rng, s)
-    compare("decode 8x32768 f16 page 256", s, { b = 0, nq = 1, nk = small and S or 4096 * 2 })
+    local S = small and 2048 or 32768
+    uniform_decode("gpu large long", "decode 8x32768 f16 page 256", small and 2 or 8, S, "f16", 256,
+      small and S or 4096 * 2)
   end)
 
   it("#gpu varlen, batch 48 (> 32), 1 to 8 queries, page 16 with duplicates, causal + ALiBi, split-KV", function()

@@ -12,7 +12,7 @@ local H = require "helpers"
 
 local SPEC = "spec/gpu_memcheck_spec.lua"
 local dev, why = G.device()
-local small = os.getenv("PAGEDATTN_GPU_SPEC_SMALL") == "1"
+local small = G.small
 
 local PS, HK, D, GQ = 16, 8, 128, 4
 local PAGE_ELEMS = PS * HK * D                                   -- 16384

@@ -30,8 +30,7 @@ local H = require "helpers"
 
 local SPEC = "spec/gpu_prefill_spec.lua"
 local dev, why = G.device()
-local small = os.getenv("PAGEDATTN_GPU_SPEC_SMALL") == "1"
-local STEP = { f32 = 2 ^ -23, f16 = 2 ^ -10, bf16 = 2 ^ -7 } -- one rounding step, relative
+local small = G.small
 local SLICE_Q = 3 -- queries of the tolerance slice
 -- locals, not globals, in the loops over whole tensors: busted's spec
 -- environment makes every global lookup a call (and stops the JIT)
@@ -236,7 +235,7 @@ local function compare(c, slice_b)
     local a, n = f64(og)
     local b_ = f64(oc)
     local err_out, biggest = diff(a, b_, 0, n)
-    tol = tol + biggest * STEP[c.dtype]
+    tol = tol + biggest * G.STEP[c.dtype]
     local la, ln = f64(lg)
     local err_lse = diff(la, f64(lc), 0, ln)
     io.stderr:write(string.format("  %s: max |cuda - cpu| out %.3g, lse %.3g; tolerance %.3g (naive %s error %.3g)\n",
@@ -490,7 +489,7 @@ describe("#gpu #memcheck prefill: the issue's case (4 x 170 tokens appended to a
             worst_lse = math.max(worst_lse, (diff(la, lb, b * per_lse, (b + 1) * per_lse)))
           end
         end
-        tol = tol + biggest * STEP.bf16
+        tol = tol + biggest * G.STEP.bf16
         if r == 1 or r == reps or worst > tol or worst_lse > tol then
           io.stderr:write(string.format("  %s: max |cuda - cpu| out %.3g, lse %.3g; tolerance %.3g (naive %.3g)\n",
             c.name, worst, worst_lse, tol, naive))
