@@ -12,10 +12,13 @@
  * (query, head) pairs each and run the p3 loop of prefill_wgmma.cu -- S(t)
  * and P V(t - 1) back to back, the softmax of tile t under P V(t - 1) --
  * without any block-wide barrier, the gather's instructions out of their
- * issue slots. The consumers take turns to issue their products (ping-pong
- * on two named barriers, flash-attention 3's schedule): consumer 1's S and
- * P V queue behind consumer 0's, so each one's softmax runs under the
- * other's products and the tensor cores always have work queued.
+ * issue slots. The consumers take turns on the tensor cores (ping-pong on
+ * two named barriers, flash-attention 3's schedule): a consumer issues S(t)
+ * and P V(t - 1) in its turn and passes the turn once they have completed,
+ * so each one's softmax runs under the other's products. (Passing it as soon
+ * as they were issued let the two consumers' products interleave on the
+ * tensor cores and finish together, and both softmaxes then ran at the same
+ * time: 365 against 399 TFLOP/s, kernels/NOTES.md.)
  *
  * Each producer thread copies one row of every tile (TPR threads per row),
  * so it resolves one page per tile: its page id loaded a tile ahead, one
@@ -173,20 +176,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         else mbar_arrive_cp_async(&bar_q);
 
 #if PA_TMA
-        /* K/V tiles by TMA: lane 0 of warp 0 issues one box per page (or
-         * tile) and 64 columns; the warp zeroes the last tile's V rows past
+        /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
+         * columns; the warp zeroes the last tile's V rows past
          * k1 (a page's tail, or pages never loaded: P is 0 there, but 0 x a
          * NaN left in memory would not be). Warps 1-3 are done with Q. */
         if (tid >= 32) {
             pa_cp_async_wait<0>();
             return;
         }
+        /* Lane j issues box j of each tile (a tile holds BN / TMA_ROWS
+         * boxes): the boxes' page ids load in parallel, a tile ahead. */
         const int lane = tid;
-        auto cache_row = [&](int tok) { /* the row of the maps holding key tok */
+        constexpr int NBOX = BN / TMA_ROWS;
+        static_assert(NBOX >= 1 && NBOX <= 32, "one box per lane");
+        auto box_row = [&](int t) { /* the map row of this lane's box of tile t (0: no box) */
+            const int tok = kbase + t * BN + lane * TMA_ROWS;
+            if (t >= nt || lane >= NBOX || tok >= w.k1) return 0;
             if (PA_PAGE == -1) return w.cache_row * ps + tok;
             const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
             return pid * ps + tok % ps;
         };
+        int row = box_row(0);
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
             const u32 ph = (u32)(t / PA_STAGES) & 1u;
@@ -194,26 +204,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const int nbox = (nkeys + TMA_ROWS - 1) / TMA_ROWS; /* boxes holding keys: never a page past k1 */
             const u32 bytes = (u32)nbox * (D / 64) * TMA_ROWS * 128;
             const u32 ks = k_addr + s * KV_BYTES, vs = v_addr + s * KV_BYTES;
+            const int next = box_row(t + 1); /* used next iteration: its latency hides behind this one */
             mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
-            if (lane == 0) {
-                mbar_arrive_expect_tx(&full_k[s], bytes);
-                for (int j = 0; j < nbox; j++) {
-                    const int row = cache_row(tok0 + j * TMA_ROWS);
-                    for (int blk = 0; blk < D / 64; blk++)
-                        tma_load(ks + blk * BN * 128 + j * TMA_ROWS * 128, maps.k, blk * 64, hk, row, &full_k[s]);
-                }
-            }
+            if (lane == 0) mbar_arrive_expect_tx(&full_k[s], bytes);
+            __syncwarp(); /* the expected bytes before any box lands */
+            if (lane < nbox)
+                for (int blk = 0; blk < D / 64; blk++)
+                    tma_load(ks + blk * BN * 128 + lane * TMA_ROWS * 128, maps.k, blk * 64, hk, row, &full_k[s]);
             mbar_wait(&empty_v[s], ph ^ 1u);
             const bool tail = nkeys < BN;
             u64 *vbar = tail ? &v_last : &full_v[s];
-            if (lane == 0) {
-                mbar_arrive_expect_tx(vbar, bytes);
-                for (int j = 0; j < nbox; j++) {
-                    const int row = cache_row(tok0 + j * TMA_ROWS);
-                    for (int blk = 0; blk < D / 64; blk++)
-                        tma_load(vs + blk * BN * 128 + j * TMA_ROWS * 128, maps.v, blk * 64, hk, row, vbar);
-                }
-            }
+            if (lane == 0) mbar_arrive_expect_tx(vbar, bytes);
+            __syncwarp();
+            if (lane < nbox)
+                for (int blk = 0; blk < D / 64; blk++)
+                    tma_load(vs + blk * BN * 128 + lane * TMA_ROWS * 128, maps.v, blk * 64, hk, row, vbar);
             if (tail) { /* only the last tile: v_last completes once */
                 mbar_wait(&v_last, 0);
                 u8 *vt = smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES;
@@ -225,6 +230,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&full_v[s]);
             }
+            row = next;
         }
         pa_cp_async_wait<0>(); /* Q's copies */
         return;
@@ -315,14 +321,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             pa_wg_pv<D, BN>(o, pa, v_tile(t - 1));
             pa_wgmma_commit();
         }
-        turn_pass(cw); /* the other consumer's products queue behind these */
-        if constexpr (WITH_PV) pa_wgmma_wait<1>();
-        else pa_wgmma_wait<0>();
+        pa_wgmma_wait<0>();
+        turn_pass(cw); /* S(t) and P V(t - 1) have completed: the other consumer's turn */
         pa_fence_operands(s);
         release(&empty_k[st]);
+        if constexpr (WITH_PV) release(&empty_v[(t - 1) % PA_STAGES]);
 
         pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, kbase + t * BN,
-                                               [&] { release(&empty_v[(t - 1) % PA_STAGES]); });
+                                                                                [] {});
     };
     if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});
     for (int t = 1; t < nt; t++) {

@@ -1,4 +1,4 @@
--- scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] --
+-- scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] [--head-dim D] --
 -- CUDA decode and rotary append against the GPU's streaming-read rate, and
 -- prefill against its bf16 matmul rate (cuBLAS), measured in the same run
 -- (DESIGN.md workloads: bf16, 32 query / 8 kv heads, head dim 128; page 16 in
@@ -18,7 +18,8 @@
 --   back and one wait at the end, as a serving loop calls: near the kernel
 --   time when the host does not wait for the device within a call.
 --   --decode / --prefill: only that section (default both); --quick: fewer
---   calls, shorter ceilings; --ceiling-seconds S: how long each ceiling runs.
+--   calls, shorter ceilings; --ceiling-seconds S: how long each ceiling runs;
+--   --head-dim 64|256: the same workloads at another head dim (default 128).
 --   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
 --   workloads with those environment variables set (kernel tuning sweeps);
 --   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads.
@@ -30,7 +31,7 @@ local sweep = require "pagedattn.sweep" -- shared: make_cache, stats
 
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
-local quick, only, ceiling_seconds = false, nil, nil
+local quick, only, ceiling_seconds, head_dim = false, nil, nil, 128
 do
   local i = 1
   while i <= #arg do
@@ -45,8 +46,15 @@ do
         io.stderr:write("bench: --ceiling-seconds needs a number > 0\n")
         os.exit(2)
       end
+    elseif a == "--head-dim" then
+      i = i + 1
+      head_dim = tonumber(arg[i])
+      if head_dim ~= 64 and head_dim ~= 128 and head_dim ~= 256 then
+        io.stderr:write("bench: --head-dim takes 64, 128 or 256\n")
+        os.exit(2)
+      end
     elseif a == "--help" or a == "-h" then
-      print("usage: scripts/run scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S]")
+      print("usage: scripts/run scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] [--head-dim D]")
       os.exit(0)
     else
       io.stderr:write("bench: unknown argument '" .. a .. "' (--help)\n")
@@ -111,7 +119,7 @@ local function with_configs(var, fn)
   end
 end
 
-local H, HK, D, DT = 32, 8, 128, "bf16"
+local H, HK, D, DT = 32, 8, head_dim, "bf16"
 local ESZ = 2
 
 -- K/V caches for B sequences of L keys: paged (random page order) or contiguous (page 0).
@@ -121,7 +129,7 @@ end
 
 local function layout(page) return page == 0 and "unpaged" or ("page " .. page) end
 
-print(string.format("pagedattn %s bench on %s", pa.version, dev.description))
+print(string.format("pagedattn %s bench on %s%s", pa.version, dev.description, D ~= 128 and (", head dim " .. D) or ""))
 local ceil = assert(dev:ceilings(ceiling_seconds or (quick and 0.3 or 1.0)))
 local read = ceil.read_gbps
 local mm_short, mm_sust = ceil.matmul_gflops / 1e3, ceil.matmul_sustained_gflops / 1e3 -- TFLOP/s

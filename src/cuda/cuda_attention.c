@@ -86,9 +86,11 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
 }
 
 /* The kernel of one kind for a problem whose sequences of that kind have at
- * most max_q queries, with its launch shape. */
+ * most max_q queries, with its launch shape. ws: the warp-specialised
+ * prefill may be chosen (it never splits, so the caller asks for it only
+ * when the query tiles fill the GPU). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
-                             int32_t max_q, kernel_plan *kp) {
+                             int32_t max_q, bool allow_ws, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     char variant[192], page[16];
     pa_kmodule *m;
@@ -139,23 +141,28 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         for (int d = 1; d <= G && d <= 16; d++)
             if (G % d == 0) gt = d;
         const int natural = p->softcap > 0.f || p->alibi != NULL || !(p->scale > 0.f);
-        /* Hopper: wgmma (head dims 64, 128, 256) unless PAGEDATTN_PREFILL_KERNEL=mma;
-         * PAGEDATTN_PREFILL_KERNEL=ws: the warp-specialised wgmma kernel (unsplit) */
+        /* Hopper (head dims 64, 128, 256): the warp-specialised kernel where
+         * its producer loads K/V by TMA and the query tiles fill the GPU (it
+         * does not split: allow_ws), else wgmma, which splits and gathers
+         * with all its threads (kernels/NOTES.md, session 5: ws + TMA 1.2-1.4x
+         * wgmma's rate, ws with the cp.async gather below it);
+         * PAGEDATTN_PREFILL_KERNEL=ws|wgmma|mma forces one. TMA: one box per
+         * page (or per tile) and 64 columns, where pages hold 16 tokens or
+         * more (a power of two) or the cache is contiguous;
+         * PAGEDATTN_PREFILL_TMA=0 keeps ws's cp.async gather. */
         const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
+        if (force && !*force) force = NULL;
         const bool hopper = strcmp(impl->arch, "sm_90a") == 0 && (D == 64 || D == 128 || D == 256);
-        const bool ws = hopper && force && strcmp(force, "ws") == 0;
+        const bool pow2 = (p->page_size & (p->page_size - 1)) == 0;
+        const bool tma = hopper && pa_cu.cuTensorMapEncodeTiled != NULL && env_int("PAGEDATTN_PREFILL_TMA", 1, 0, 1) &&
+                         (!p->paged || (p->page_size >= 16 && pow2 && p->page_size <= (1 << 20))) &&
+                         (int64_t)p->num_pages * p->page_size < ((int64_t)1 << 31); /* TMA coordinates: int32 */
+        const bool ws = hopper && (force ? strcmp(force, "ws") == 0 : allow_ws && tma);
         const bool wgmma = hopper && !ws && !(force && strcmp(force, "mma") == 0);
         if (ws) {
             /* shared memory holds 4 stages at head dim 64, 3 at 128, 2 at 256 */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", D <= 128 ? 3 : 2, 2, D <= 64 ? 4 : D <= 128 ? 3 : 2);
-            /* TMA: one box per page (or per tile) and 64 columns, where pages
-             * hold 16 tokens or more (a power of two) or the cache is
-             * contiguous; PAGEDATTN_PREFILL_TMA=0 keeps the cp.async gather */
             const int bn = D <= 128 ? 128 : 64;
-            const bool pow2 = (p->page_size & (p->page_size - 1)) == 0;
-            const bool tma = pa_cu.cuTensorMapEncodeTiled != NULL && env_int("PAGEDATTN_PREFILL_TMA", 1, 0, 1) &&
-                             (!p->paged || (p->page_size >= 16 && pow2 && p->page_size <= (1 << 20))) &&
-                             (int64_t)p->num_pages * p->page_size < ((int64_t)1 << 31); /* TMA coordinates: int32 */
             kp->tma_rows = !tma ? 0 : !p->paged || p->page_size >= bn ? bn : p->page_size;
             snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
                      dtype_str(p->dtype), D, gt, page, stages, natural, tma ? 1 : 0);
@@ -383,12 +390,20 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     for (int32_t b = 0; b < p->batch; b++)
         if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind && p->h_seqlen_q[b] > max_q)
             max_q = p->h_seqlen_q[b];
-    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, &pt->kp);
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
     for (int32_t b = 0; b < p->batch; b++)
         if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind)
             pt->ntiles += (p->h_seqlen_q[b] + qt - 1) / qt;
+    const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
+    if (pt->kp.ws && !(force && *force) && pt->ntiles * pt->kp.head_tiles < pt->kp.capacity) {
+        /* fewer tiles than the GPU holds: the kernel that splits them
+         * (same query tile: ntiles stands) */
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
+        if (st) return st;
+        if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill query tiles differ");
+    }
     pt->tiles = malloc(sizeof *pt->tiles * (size_t)(pt->ntiles ? pt->ntiles : 1));
     if (!pt->tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
     int64_t t = 0;

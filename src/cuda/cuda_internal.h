@@ -118,6 +118,7 @@ pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl);
 struct pa_kmodule {
     pa_kmodule *next;
     char name[192];
+    char srcdir[256]; /* $PAGEDATTN_KERNEL_DIR when it was built ("": the embedded sources) */
     CUmodule module;
     int info[8]; /* the module's pa_<kind>_info constants, if any */
     int nfuncs;
