@@ -423,13 +423,20 @@ describe("batch staging", function()
         -- harness's driver loop (e.g. "loop unroll limit reached" when a trace
         -- that began in Batch:add runs into the loop around it) is the JIT
         -- picking its trace boundaries, and depends on hot counters that other
-        -- specs in the same process have warmed: LuaJIT retries elsewhere
-        if library[file] or (watched[s[1]] and msg:find("NYI", 1, true)) then
+        -- specs in the same process have warmed: LuaJIT retries elsewhere.
+        -- "error thrown or hook called during recording" is a finalizer (an
+        -- earlier spec's tensor collected by a GC step) or a hook running
+        -- while the trace records, not the code: LuaJIT records it again (CI
+        -- failed once on it at batch.lua:123; a loop that never compiles
+        -- still fails "no trace" below)
+        local recerr = otr == 0 or msg:find("hook called during recording", 1, true)
+        if not recerr and (library[file] or (watched[s[1]] and msg:find("NYI", 1, true))) then
           problems[#problems + 1] = string.format("trace %d started at %s:%d aborted at %s:%d: %s",
             tr, s[1], s[2], file, line, msg)
         end
       end
     end
+    collectgarbage("collect") -- run the finalizers of earlier specs' garbage now, not while recording
     jit.flush()
     jit.attach(on_trace, "trace")
     local ok, err = pcall(stage_steps, 120)
