@@ -14,7 +14,8 @@
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
 #   travel with build/, or packed as build/kcache.tgz, unpacked here when
 #   build/kcache is missing), GPU_RUN_TIMEOUT_SPECS/MEMCHECK/PREFILL_MEMCHECK/BENCH
-#   (seconds), GPU_RUN_BENCH_ARGS (e.g. "--prefill").
+#   (seconds), GPU_RUN_BENCH_ARGS (e.g. "--prefill"), GPU_RUN_PACK=0 (keep the
+#   logs as files; default: one archive, $OUT/gpu-run-logs.tgz).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root" || exit 1
@@ -62,7 +63,7 @@ for step in $steps; do
       # TAP's plan line comes last: without it the process died or ran out of time
       grep -qE '^1\.\.[0-9]+' "$out/specs-$i.log" || incomplete+=("${groups[$i]}")
     done
-    summary+=("gpu specs: $(grep -c '^ok ' "$out/specs.log") ok, $(grep -c '^not ok ' "$out/specs.log") not ok")
+    summary+=("gpu specs: $(grep '^ok ' "$out/specs.log" | grep -vc '# SKIP') ok, $(grep -c '^not ok ' "$out/specs.log") not ok, $(grep -c '^ok .*# SKIP' "$out/specs.log") skipped")
     for g in ${incomplete[@]+"${incomplete[@]}"}; do summary+=("gpu specs: INCOMPLETE (timeout?): $g"); done
     ;;
   memcheck)
@@ -101,3 +102,15 @@ done
 [ -f "$out/bench.log" ] && { echo "---- bench"; sed -n '/^summary/,$p' "$out/bench.log"; tail -3 "$out/bench.log"; }
 echo "---- summary"
 printf '%s\n' "${summary[@]}"
+# The lent machines send back at most 8 files from $OUT: this visit's logs go
+# as one archive (GPU_RUN_PACK=0 leaves them as they are).
+if [ "${GPU_RUN_PACK:-1}" = 1 ]; then
+  logs=()
+  for f in "$out"/gpu.txt "$out"/specs*.log "$out"/memcheck.log "$out"/prefill-memcheck.log "$out"/bench.log; do
+    [ -f "$f" ] && logs+=("$(basename "$f")")
+  done
+  if [ ${#logs[@]} -gt 0 ] && tar czf "$out/gpu-run-logs.tgz" -C "$out" "${logs[@]}"; then
+    (cd "$out" && rm -f "${logs[@]}")
+    echo "logs: $out/gpu-run-logs.tgz (${#logs[@]} files)"
+  fi
+fi
