@@ -74,6 +74,26 @@ describe("#gpu CUDA device", function()
     end
   end)
 
+  it("#gpu kernels are kept per source directory (PAGEDATTN_KERNEL_DIR, read at each first use)", function()
+    if G.device_name == "cpu" then return end
+    -- a copy of kernels/ whose randn kernels draw from seed + 1
+    local dir = H.tmpdir()
+    assert(H.sh("cp -r '" .. core.root .. "/kernels/.' '" .. dir .. "'") == 0)
+    local util = assert(H.read_file(dir .. "/util.cu"))
+    local changed, n = util:gsub("randn_fill<(PA_DT_%w+)>%(out, n, seed%)", "randn_fill<%1>(out, n, seed + 1)")
+    assert.equal(3, n)
+    H.write_file(dir .. "/util.cu", changed)
+    local function draw(seed) return assert(pa.randn({ 257 }, "f32", dev, seed)):to_table() end
+    local before = draw(11)
+    local other
+    H.with_env({ PAGEDATTN_KERNEL_DIR = dir }, function() other = draw(11) end)
+    local after = draw(11)
+    os.execute("rm -rf '" .. dir .. "'")
+    assert.same(before, after)    -- the embedded sources' module again
+    assert.same(draw(12), other)  -- the copy's module, not the one already loaded
+    assert.are_not.same(before, other)
+  end)
+
   it("#gpu a device that does not exist is a clear error, not a crash", function()
     if G.device_name == "cpu" then return end
     local d, err = pa.device("cuda:63")

@@ -6,8 +6,6 @@ local ffi = require "ffi"
 local core = require "pagedattn.core"
 local C = core.C
 
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-
 local PA_ERR_COMPILE, PA_ERR_UNSUPPORTED = 6, 4
 
 local function compile(variant, arch, use_cache)
@@ -16,21 +14,8 @@ local function compile(variant, arch, use_cache)
   return st, core.last_error(), cached[0] == 1
 end
 
--- Runs fn with environment variables set (nil: unset), restoring them after.
-local function with_env(vars, fn)
-  local saved = {}
-  for k, v in pairs(vars) do
-    saved[k] = os.getenv(k) or false
-    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-  end
-  local ok, err = pcall(fn)
-  for k, v in pairs(saved) do
-    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-  end
-  if not ok then error(err, 0) end
-end
-
 local H = require "helpers"
+local with_env = H.with_env
 local tmpdir, write_file = H.tmpdir, H.write_file
 local function read_file(path) return assert(H.read_file(path)) end
 
