@@ -158,20 +158,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
         const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
         /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored */
-        for (int e = tid; e < BM * CPR; e += 128) {
-            const int r = e / CPR, c = e - r * CPR, qi = w.i0 + r / GT;
-            const bool in = r < ROWS && qi < w.seqlen_q;
-            const i64 off = in ? ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8 : 0;
-            u8 *dst = smem + pa_swz(BM, r, c);
-            if (p.q_f32) {
-                float x[8];
-                pa_load8_or_zero<PA_DT_F32>(in, (const float *)p.q + off, x);
-                *(uint4 *)dst =
-                    make_uint4(pack2(x[0], x[1]), pack2(x[2], x[3]), pack2(x[4], x[5]), pack2(x[6], x[7]));
-            } else {
-                pa_cp_async16(dst, (const u16 *)p.q + off, in);
-            }
-        }
+        pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, 128, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
         if (p.q_f32) mbar_arrive(&bar_q); /* release: the stores above */
         else mbar_arrive_cp_async(&bar_q);
 
@@ -248,12 +235,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const u32 ph = (u32)(t / PA_STAGES) & 1u;
             const int tok = kbase + t * BN + row;
             const bool ok = tok < w.k1;
-            i64 off = 0;
-            if (ok) {
-                if (PA_PAGE == -1) off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2;
-                else off = ((i64)pid * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride) * 2;
-                off += head_bytes;
-            }
+            const i64 off = ok ? pa_key_offset<PA_PAGE>(p, w, tok, pid, ps, head_bytes) : 0;
             pid = page_of(t + 1);
             const u8 *gk = (const u8 *)p.k_cache + off, *gv = (const u8 *)p.v_cache + off;
             mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */

@@ -3,13 +3,10 @@
 -- every option) against the pure-Lua float64 reference, with the tolerance
 -- rule of DESIGN.md. Tagged #gpu; pending where there is no CUDA device.
 --   PAGEDATTN_SPEC_SCALE=x scales the number of cases; a failure prints its seed.
-local ffi = require "ffi"
 local check = require "pagedattn.check"
 local ref = require "pagedattn.reference"
 local G = require "gpu_helpers"
 local H = require "helpers"
-
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
 local SPEC = "spec/gpu_difftest_spec.lua"
 local dev, why = G.device()
@@ -61,20 +58,18 @@ describe("#gpu CUDA against the float64 reference", function()
   end)
 
   it("#gpu the CUDA-core decode kernel on f16/bf16 problems (PAGEDATTN_DECODE_KERNEL=simt)", function()
-    ffi.C.setenv("PAGEDATTN_DECODE_KERNEL", "simt", 1)
-    local ok, err = pcall(run_cases, "gpu simt", H.scale(30), function(rng)
-      return { mode = rng:int(1, 2) == 1 and "decode" or "read", dtype = rng:int(1, 2) == 1 and "f16" or "bf16" }
+    H.with_env({ PAGEDATTN_DECODE_KERNEL = "simt" }, function()
+      run_cases("gpu simt", H.scale(30), function(rng)
+        return { mode = rng:int(1, 2) == 1 and "decode" or "read", dtype = rng:int(1, 2) == 1 and "f16" or "bf16" }
+      end)
     end)
-    ffi.C.unsetenv("PAGEDATTN_DECODE_KERNEL")
-    if not ok then error(err, 0) end
   end)
 
   it("#gpu the fallback kernel on decode problems (PAGEDATTN_CUDA_FALLBACK=1)", function()
-    ffi.C.setenv("PAGEDATTN_CUDA_FALLBACK", "1", 1)
-    local ok, err = pcall(run_cases, "gpu fallback", H.scale(25), function(rng)
-      return { mode = rng:int(1, 2) == 1 and "decode" or "read" }
+    H.with_env({ PAGEDATTN_CUDA_FALLBACK = "1" }, function()
+      run_cases("gpu fallback", H.scale(25), function(rng)
+        return { mode = rng:int(1, 2) == 1 and "decode" or "read" }
+      end)
     end)
-    ffi.C.unsetenv("PAGEDATTN_CUDA_FALLBACK")
-    if not ok then error(err, 0) end
   end)
 end)

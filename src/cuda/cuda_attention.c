@@ -55,6 +55,7 @@ typedef struct kernel_plan {
     bool no_split;      /* one work item per query tile (the kernel writes out/lse directly) */
     bool tail_splits;   /* more than a wave of tiles: split when that fills the last wave better */
     bool ws;            /* prefill_ws: takes the TMA maps as a second parameter */
+    bool forced;        /* PAGEDATTN_PREFILL_KERNEL chose the prefill kernel */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
 } kernel_plan;
 
@@ -144,7 +145,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         /* Hopper (head dims 64, 128, 256): the warp-specialised kernel where
          * its producer loads K/V by TMA and the query tiles fill the GPU (it
          * does not split: allow_ws), else wgmma, which splits and gathers
-         * with all its threads (kernels/NOTES.md, session 5: ws + TMA 1.2-1.4x
+         * with all its threads (kernels/NOTES.md, session 5: ws + TMA 1.2-1.5x
          * wgmma's rate, ws with the cp.async gather below it);
          * PAGEDATTN_PREFILL_KERNEL=ws|wgmma|mma forces one. TMA: one box per
          * page (or per tile) and 64 columns, where pages hold 16 tokens or
@@ -162,8 +163,6 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         if (ws) {
             /* shared memory holds 4 stages at head dim 64, 3 at 128, 2 at 256 */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", D <= 128 ? 3 : 2, 2, D <= 64 ? 4 : D <= 128 ? 3 : 2);
-            const int bn = D <= 128 ? 128 : 64;
-            kp->tma_rows = !tma ? 0 : !p->paged || p->page_size >= bn ? bn : p->page_size;
             snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
                      dtype_str(p->dtype), D, gt, page, stages, natural, tma ? 1 : 0);
         } else if (wgmma) {
@@ -189,6 +188,10 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->longest_first = true;
         kp->no_split = ws;
         kp->ws = ws;
+        kp->forced = force != NULL;
+        /* TMA boxes: one per page, or one per tile (the kernel's BN keys) of
+         * larger pages and contiguous caches */
+        if (ws && tma) kp->tma_rows = !p->paged || p->page_size >= kp->tokens ? kp->tokens : p->page_size;
         st = pa_cuda_function(ctx, impl, m, ws ? "pa_prefill_ws" : wgmma ? "pa_prefill_wgmma" : "pa_prefill",
                               kp->smem, &kp->fn);
     } else {
@@ -396,8 +399,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     for (int32_t b = 0; b < p->batch; b++)
         if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind)
             pt->ntiles += (p->h_seqlen_q[b] + qt - 1) / qt;
-    const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
-    if (pt->kp.ws && !(force && *force) && pt->ntiles * pt->kp.head_tiles < pt->kp.capacity) {
+    if (pt->kp.ws && !pt->kp.forced && pt->ntiles * pt->kp.head_tiles < pt->kp.capacity) {
         /* fewer tiles than the GPU holds: the kernel that splits them
          * (same query tile: ntiles stands) */
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
