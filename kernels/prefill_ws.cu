@@ -159,8 +159,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
         /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored */
         pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, 128, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
-        if (p.q_f32) mbar_arrive(&bar_q); /* release: the stores above */
-        else mbar_arrive_cp_async(&bar_q);
+        if (p.q_f32) {
+            pa_fence_proxy_async(); /* the stores -> the consumers' wgmma (async proxy), as prefill_wgmma.cu does */
+            mbar_arrive(&bar_q);    /* release: the stores above */
+        } else {
+            mbar_arrive_cp_async(&bar_q);
+        }
 
 #if PA_TMA
         /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
