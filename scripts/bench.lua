@@ -22,7 +22,10 @@
 --   --head-dim 64|256: the same workloads at another head dim (default 128).
 --   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
 --   workloads with those environment variables set (kernel tuning sweeps);
---   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads.
+--   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads;
+--   PAGEDATTN_BENCH_DECODE_WORKLOADS="8x16384,8x65536": more page-16 decode
+--   workloads (B x keys), in the main table and in every config's run (fits of
+--   time against bytes: a fixed cost per call and a streaming rate).
 --   scripts/run scripts/bench.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
@@ -166,6 +169,10 @@ end
 
 local iters = quick and 10 or 40
 local workloads = { { 64, 4096 }, { 8, 32768 }, { 256, 1024 } }
+local extra_workloads = {}
+for b, l in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("(%d+)x(%d+)") do
+  extra_workloads[#extra_workloads + 1] = { tonumber(b), tonumber(l) }
+end
 
 local function decode(B, L, page, label)
   local kc, vc, bt = make_cache(B, L, page)
@@ -214,11 +221,13 @@ if run_decode then
   for _, wl in ipairs(workloads) do
     for _, page in ipairs({ 16, 256, 0 }) do decode(wl[1], wl[2], page) end
   end
+  for _, wl in ipairs(extra_workloads) do decode(wl[1], wl[2], 16) end
   append(64, 512, 16)
   append(256, 1, 16)
   -- tuning sweeps
   with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
     for _, wl in ipairs(workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
+    for _, wl in ipairs(extra_workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
   end)
 end
 

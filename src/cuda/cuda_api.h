@@ -91,6 +91,7 @@ typedef struct pa_cuda_driver {
     CUresult (*cuStreamDestroy)(CUstream stream);
     CUresult (*cuStreamSynchronize)(CUstream stream);
     CUresult (*cuStreamWaitValue32)(CUstream stream, CUdeviceptr addr, uint32_t value, unsigned flags);
+    CUresult (*cuStreamWaitEvent)(CUstream stream, CUevent event, unsigned flags);
     CUresult (*cuEventCreate)(CUevent *event, unsigned flags);
     CUresult (*cuEventDestroy)(CUevent event);
     CUresult (*cuEventRecord)(CUevent event, CUstream stream);

@@ -480,8 +480,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     /* staging (host, pinned) and scratch (device) layouts */
     const size_t meta_bytes = sizeof(pa_seq_meta) * (size_t)B;
     const size_t work_off = ALIGN_UP(meta_bytes, 256);
-    const size_t upload_bytes = work_off + sizeof(pa_work) * (size_t)nwork;
-    const size_t part_o_off = ALIGN_UP(upload_bytes, 256);
+    const size_t upload_bytes = work_off + sizeof(pa_work) * (size_t)nwork; /* the plan */
+    const size_t part_o_off = 0;
     const size_t part_lse_off = part_o_off + ALIGN_UP((size_t)part_rows * H * D * 4, 256);
     const size_t q_rot_off = part_lse_off + ALIGN_UP((size_t)part_rows * H * 4, 256);
     const size_t scratch_bytes = q_rot_off + (rotate_q ? (size_t)p->total_q * H * D * 4 : 0);
@@ -519,8 +519,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     /* Nothing below waits for the device (see the top of this file). */
     st = pa_cuda_timing_begin(ctx, impl);
     if (st) return st;
-    st = pa_cuda_staging_upload(ctx, impl, slot, dev_scratch, upload_bytes,
-                                "cuMemcpyHtoDAsync(attention plan)");
+    CUdeviceptr plan = 0;
+    if (st == PA_OK) st = pa_cuda_plan_upload(ctx, impl, slot, upload_bytes, &plan);
     CUresult r;
 
     if (st == PA_OK && append) {
@@ -531,7 +531,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.k_cache = (pa_u64)(uintptr_t)p->k_cache;
         ap.v_cache = (pa_u64)(uintptr_t)p->v_cache;
         ap.block_table = p->paged ? (pa_u64)(uintptr_t)p->block_table : 0;
-        ap.meta = dev_scratch;
+        ap.meta = plan;
         ap.rot_cos = (pa_u64)(uintptr_t)p->rotary_cos;
         ap.rot_sin = (pa_u64)(uintptr_t)p->rotary_sin;
         ap.q = (pa_u64)(uintptr_t)p->q;
@@ -573,7 +573,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.v_cache = (pa_u64)(uintptr_t)p->v_cache;
         ap.block_table = p->paged ? (pa_u64)(uintptr_t)p->block_table : 0;
         ap.alibi = (pa_u64)(uintptr_t)p->alibi;
-        ap.work = dev_scratch + work_off + sizeof(pa_work) * (size_t)parts[i].work0;
+        ap.work = plan + work_off + sizeof(pa_work) * (size_t)parts[i].work0;
         ap.part_o = dev_scratch + part_o_off;
         ap.part_lse = dev_scratch + part_lse_off;
         ap.counters = counters;
@@ -604,6 +604,10 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)(parts[i].nwork * kp->head_tiles), 1, 1, (unsigned)kp->threads, 1, 1,
                                  (unsigned)kp->smem, impl->stream, args, NULL);
         if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
+    }
+    if (plan) {
+        pa_status st_rel = pa_cuda_plan_release(ctx, impl, slot);
+        if (st == PA_OK) st = st_rel;
     }
     pa_status st_end = pa_cuda_timing_end(ctx, impl);
     return st ? st : st_end;

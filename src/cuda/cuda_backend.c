@@ -115,6 +115,55 @@ pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUd
     return PA_OK;
 }
 
+pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t bytes, CUdeviceptr *dev) {
+    cuda_staging *s = &impl->staging[slot];
+    *dev = 0;
+    if (bytes > s->dev_bytes) {
+        /* queued kernels may still read the old buffer */
+        CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
+        if (s->dev) pa_cu.cuMemFree(s->dev);
+        s->dev = 0;
+        s->dev_bytes = 0;
+        s->used_recorded = false;
+        const size_t n = grow(0, bytes, (size_t)64 << 10);
+        CUresult r = pa_cu.cuMemAlloc(&s->dev, n);
+        if (r != CUDA_SUCCESS) {
+            s->dev = 0;
+            return pa_fail(ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? PA_ERR_OUT_OF_MEMORY : PA_ERR_DEVICE,
+                           "attention: cannot allocate %zu bytes of device memory for the plan", n);
+        }
+        s->dev_bytes = n;
+    }
+    CUresult r = CUDA_SUCCESS;
+    if (s->used_recorded) r = pa_cu.cuStreamWaitEvent(impl->copy_stream, s->used, 0);
+    if (r == CUDA_SUCCESS) r = pa_cu.cuMemcpyHtoDAsync(s->dev, s->host, bytes, impl->copy_stream);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuMemcpyHtoDAsync(attention plan)", __FILE__, __LINE__);
+    r = pa_cu.cuEventRecord(s->done, impl->copy_stream);
+    if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->stream, s->done, 0);
+    if (r != CUDA_SUCCESS) {
+        /* the copy is queued but cannot be ordered: let it finish */
+        pa_cu.cuStreamSynchronize(impl->copy_stream);
+        return pa_cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent(attention plan)", __FILE__, __LINE__);
+    }
+    s->pending = true;
+    impl->staging_next = (slot + 1) % PA_STAGING_SLOTS;
+    *dev = s->dev;
+    return PA_OK;
+}
+
+pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot) {
+    cuda_staging *s = &impl->staging[slot];
+    CUresult r = pa_cu.cuEventRecord(s->used, impl->stream);
+    if (r != CUDA_SUCCESS) {
+        /* the next upload to this slot cannot wait for the kernels: wait here */
+        s->used_recorded = false;
+        pa_cu.cuStreamSynchronize(impl->stream);
+        return pa_cu_fail(ctx, r, "cuEventRecord(attention plan used)", __FILE__, __LINE__);
+    }
+    s->used_recorded = true;
+    return PA_OK;
+}
+
 /* ---- memory ---- */
 
 static pa_status cuda_alloc(pa_context *ctx, pa_device *dev, size_t bytes, void **out) {
@@ -460,13 +509,17 @@ static void cuda_destroy(pa_device *dev) {
             pa_cuda_modules_free(impl);
             if (impl->scratch) pa_cu.cuMemFree(impl->scratch);
             if (impl->counters) pa_cu.cuMemFree(impl->counters);
+            if (impl->copy_stream) pa_cu.cuStreamSynchronize(impl->copy_stream);
             for (int i = 0; i < PA_STAGING_SLOTS; i++) {
                 if (impl->staging[i].host) pa_cu.cuMemFreeHost(impl->staging[i].host);
                 if (impl->staging[i].done) pa_cu.cuEventDestroy(impl->staging[i].done);
+                if (impl->staging[i].used) pa_cu.cuEventDestroy(impl->staging[i].used);
+                if (impl->staging[i].dev) pa_cu.cuMemFree(impl->staging[i].dev);
             }
             if (impl->t_start) pa_cu.cuEventDestroy(impl->t_start);
             if (impl->t_end) pa_cu.cuEventDestroy(impl->t_end);
             if (impl->stream) pa_cu.cuStreamDestroy(impl->stream);
+            if (impl->copy_stream) pa_cu.cuStreamDestroy(impl->copy_stream);
             pa_cuda_leave(impl);
         }
         if (impl->cuctx) pa_cu.cuDevicePrimaryCtxRelease(impl->cudev);
@@ -511,8 +564,11 @@ static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_de
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st) return st;
     CUresult r = pa_cu.cuStreamCreate(&impl->stream, CU_STREAM_NON_BLOCKING);
-    for (int i = 0; i < PA_STAGING_SLOTS && r == CUDA_SUCCESS; i++)
+    if (r == CUDA_SUCCESS) r = pa_cu.cuStreamCreate(&impl->copy_stream, CU_STREAM_NON_BLOCKING);
+    for (int i = 0; i < PA_STAGING_SLOTS && r == CUDA_SUCCESS; i++) {
         r = pa_cu.cuEventCreate(&impl->staging[i].done, CU_EVENT_DISABLE_TIMING);
+        if (r == CUDA_SUCCESS) r = pa_cu.cuEventCreate(&impl->staging[i].used, CU_EVENT_DISABLE_TIMING);
+    }
     if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuStreamCreate/cuEventCreate", __FILE__, __LINE__);
     pa_cuda_leave(impl);
     if (st) return st;

@@ -55,19 +55,26 @@ typedef struct pa_kmodule pa_kmodule;
 
 /* Pinned host staging for uploads: a small ring, so that an upload waits only
  * for the one that used its slot PA_STAGING_SLOTS uploads ago, not for the
- * stream. */
+ * stream. An attention plan goes to the slot's own device buffer on the copy
+ * stream, ahead of the kernels that read it (an upload queued on the stream
+ * itself delays the next kernel by ~8 us on the H200, kernels/NOTES.md). */
 #define PA_STAGING_SLOTS 4
 typedef struct cuda_staging {
     void *host; /* pinned */
     size_t bytes;
     CUevent done; /* recorded after the upload from it */
     bool pending; /* an upload from it may still be queued */
+    CUdeviceptr dev; /* the plan uploaded from it (pa_cuda_plan_upload) */
+    size_t dev_bytes;
+    CUevent used;    /* recorded on the stream after the kernels that read dev */
+    bool used_recorded;
 } cuda_staging;
 
 typedef struct cuda_impl {
     CUdevice cudev;
     CUcontext cuctx; /* the primary context, retained */
     CUstream stream; /* all work of this device, in order */
+    CUstream copy_stream; /* attention plans, uploaded while the stream runs what came before */
     int sm_count, cc_major, cc_minor;
     int smem_optin; /* shared bytes a block may opt into */
     char arch[16];  /* what NVRTC compiles for: "sm_90a", "sm_80", ... */
@@ -103,6 +110,13 @@ pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdevicep
  * then queue it with pa_cuda_staging_upload. Call with impl->lock held and
  * the context current. */
 pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out, int *slot);
+/* Uploads `bytes` of staging slot `slot` to the slot's device buffer on the
+ * copy stream (once the kernels of the slot's previous plan are done) and
+ * makes the stream wait for it; *dev: the buffer. pa_cuda_plan_release, after
+ * the kernels that read it are queued, marks it free again. Call with
+ * impl->lock held. */
+pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t bytes, CUdeviceptr *dev);
+pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot);
 /* Queues the copy of `bytes` from staging slot `slot` to dst on the stream
  * (`what` names it in errors) and moves the ring on; does not wait. */
 pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,

@@ -66,6 +66,7 @@ static void load_driver(void) {
         SYM(cuStreamDestroy, "cuStreamDestroy_v2"),
         SYM(cuStreamSynchronize, "cuStreamSynchronize"),
         OPT(cuStreamWaitValue32, "cuStreamWaitValue32_v2"),
+        SYM(cuStreamWaitEvent, "cuStreamWaitEvent"),
         SYM(cuEventCreate, "cuEventCreate"),
         SYM(cuEventDestroy, "cuEventDestroy_v2"),
         SYM(cuEventRecord, "cuEventRecord"),
