@@ -1,0 +1,100 @@
+-- scripts/micro/decode_timeline.lua -- when each block of the page-16 decode
+-- kernel (decode_mma.cu) starts, has its first stage, ends its loop and ends,
+-- from %globaltimer stamps that a patched copy of the kernel writes into `out`
+-- (so its results are not attention; the library is not changed):
+--   cp -r kernels /tmp/kt && patch -d /tmp/kt -p0 < scripts/micro/decode_timeline.patch
+--   TRACE_DIR=/tmp/kt TRACE_WORKLOADS=64x4096,8x32768 scripts/run scripts/micro/decode_timeline.lua
+-- Prints per workload: the call's event time with the normal and the patched
+-- kernel, the span from the first block's start to the last one's end, the
+-- spread of each phase over the blocks, and how many blocks are active in
+-- each 5 us. (PAGEDATTN_DECODE_KERNEL=mma where another decode kernel is
+-- the default.) Session 6 (kernels/NOTES.md): blocks of equal work end up to
+-- 20 % apart; each block spends ~4 us before its first stage.
+local ffi = require "ffi"
+local pa = require "pagedattn"
+local core = require "pagedattn.core"
+local sweep = require "pagedattn.sweep"
+pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+local dev = assert(pa.device("cuda"))
+local C, ctx = core.C, core.ctx
+local secs = ffi.new("double[1]")
+local H, HK, D = 32, 8, 128
+local dir = os.getenv("TRACE_DIR") or error("TRACE_DIR: the patched kernel directory (see the top of this file)")
+local function evt_time(call, n)
+  assert(C.pa_device_timing(ctx, dev.handle, 1) == 0)
+  for _ = 1, 3 do call() end
+  local t = {}
+  for i = 1, n do call(); assert(C.pa_device_timing_last(ctx, dev.handle, secs) == 0); t[i] = secs[0] end
+  assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
+  table.sort(t)
+  return t[math.floor(n / 2) + 1]
+end
+local function pct(a, p) return a[math.max(1, math.min(#a, math.floor(p * #a + 0.5)))] end
+for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gmatch("(%d+x%d+)") do
+  local B, L = wl:match("(%d+)x(%d+)"); B, L = tonumber(B), tonumber(L)
+  local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, 16, "bf16")
+  local q = assert(pa.randn({ B, 1, H, D }, "bf16", dev, 3))
+  local out = assert(pa.tensor({ B, 1, H, D }, "bf16", dev))
+  local opts = { block_table = bt, cache_seqlens = L, out = out }
+  local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+  local tn = evt_time(call, 21)
+  ffi.C.setenv("PAGEDATTN_KERNEL_DIR", dir, 1)
+  local tt = evt_time(call, 21)
+  out:fill(0)
+  dev:synchronize()
+  call()
+  dev:synchronize()
+  ffi.C.unsetenv("PAGEDATTN_KERNEL_DIR")
+  local n = math.min(out.numel, 64 * 8192)
+  local v = out:to_table(0, n)
+  local blocks = {}
+  for b = 0, n / 64 - 1 do
+    local rec = {}
+    for k = 0, 7 do
+      local x = 0
+      for j = 7, 0, -1 do x = x * 256 + v[b * 64 + k * 8 + j + 1] end
+      rec[k + 1] = x
+    end
+    if rec[1] == 0 then break end
+    blocks[#blocks + 1] = rec
+  end
+  local t0 = math.huge
+  for _, r in ipairs(blocks) do t0 = math.min(t0, r[1]) end
+  local starts, pro, first, loop, ends, durs = {}, {}, {}, {}, {}, {}
+  local tend = 0
+  for _, r in ipairs(blocks) do
+    starts[#starts + 1] = (r[1] - t0) / 1e3
+    pro[#pro + 1] = (r[2] - r[1]) / 1e3
+    first[#first + 1] = (r[3] - r[2]) / 1e3
+    loop[#loop + 1] = (r[4] - r[3]) / 1e3
+    ends[#ends + 1] = (r[5] - t0) / 1e3
+    durs[#durs + 1] = (r[5] - r[1]) / 1e3
+    tend = math.max(tend, r[5])
+  end
+  for _, a in ipairs({ starts, pro, first, loop, ends, durs }) do table.sort(a) end
+  local sms = {}
+  for _, r in ipairs(blocks) do sms[r[6]] = (sms[r[6]] or 0) + 1 end
+  local nsm = 0
+  for _ in pairs(sms) do nsm = nsm + 1 end
+  print(string.format("== %s page 16: event us normal %.1f, trace variant %.1f; blocks %d on %d SMs; nst (stages/block) %d; span (first start -> last end) %.1f us",
+    wl, tn * 1e6, tt * 1e6, #blocks, nsm, blocks[1][7], (tend - t0) / 1e3))
+  local function line(name, a) print(string.format("  %-22s min %7.2f p10 %7.2f p50 %7.2f p90 %7.2f max %7.2f", name, a[1], pct(a, .1), pct(a, .5), pct(a, .9), a[#a])) end
+  line("start (us from first)", starts)
+  line("prologue T1-T0", pro)
+  line("first stage T2-T1", first)
+  line("loop T3-T2", loop)
+  line("block T4-T0", durs)
+  line("end (us from first)", ends)
+  -- active blocks (between T0 and T4) per 5 us bin
+  local bins = {}
+  local nb = math.ceil((tend - t0) / 5e3)
+  for i = 1, nb do bins[i] = 0 end
+  for _, r in ipairs(blocks) do
+    for i = math.floor((r[1] - t0) / 5e3) + 1, math.floor((r[5] - t0) / 5e3) + 1 do
+      if i <= nb then bins[i] = bins[i] + 1 end
+    end
+  end
+  print("  active blocks per 5 us: " .. table.concat(bins, " "))
+  kc, vc, bt, q, out = nil, nil, nil, nil, nil
+  collectgarbage(); collectgarbage()
+end
