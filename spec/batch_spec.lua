@@ -370,7 +370,7 @@ describe("batch staging", function()
     -- jit.vmdef only names error codes; some installs lack it on the path
     local has_vmdef, vmdef = pcall(require, "jit.vmdef")
     if not has_vmdef then vmdef = { traceerr = {}, ffnames = {}, bcnames = "" } end
-    local c = assert(pa.kv_cache{ num_pages = 8192, page_size = 16, layers = 0 })
+    local c = assert(pa.kv_cache{ num_pages = 12288, page_size = 16, layers = 0 })
     local seqs = {}
     local rng = ref.rng(H.seed("batch-jit", 1))
     for i = 1, 256 do seqs[i] = grow(c:sequence(), rng:int(1, 600)) end
@@ -444,13 +444,21 @@ describe("batch staging", function()
     assert(ok, err)
     assert(#problems == 0, "the staging loop does not compile cleanly:\n  " .. table.concat(problems, "\n  "))
     assert(traced > 0, "no trace of the staging loop was recorded")
-    -- and, compiled, a step allocates nothing that the GC has to collect
-    collectgarbage("collect")
-    collectgarbage("stop")
-    local kb = collectgarbage("count")
-    stage_steps(50)
-    local grown = (collectgarbage("count") - kb) * 1024
-    collectgarbage("restart")
+    -- and, compiled, a step allocates nothing that the GC has to collect.
+    -- The smaller of two windows: a side trace that the JIT compiles during
+    -- one of them allocates its GC objects once (CI saw 20 bytes per step
+    -- once under ASan, not reproducible with the same seed); an allocation
+    -- in the loop shows in both.
+    local function grown_by(steps)
+      collectgarbage("collect")
+      collectgarbage("stop")
+      local kb = collectgarbage("count")
+      stage_steps(steps)
+      local bytes = (collectgarbage("count") - kb) * 1024
+      collectgarbage("restart")
+      return bytes
+    end
+    local grown = math.min(grown_by(50), grown_by(50))
     assert(grown < 50 * 16, string.format("staging allocated %.0f bytes per step", grown / 50))
     c:validate()
     c:close()
