@@ -39,21 +39,30 @@ static size_t grow(size_t have, size_t need, size_t floor_bytes) {
     return (n + 4095) & ~(size_t)4095;
 }
 
+/* A device buffer that kernels on the stream read, grown to `need` bytes (at
+ * least `floor`): once the stream has drained, since queued kernels may
+ * still read the old one. */
+static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUdeviceptr *buf, size_t *have, size_t need,
+                        size_t floor_bytes, const char *what) {
+    CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
+    if (*buf) pa_cu.cuMemFree(*buf);
+    *buf = 0;
+    *have = 0;
+    const size_t n = grow(0, need, floor_bytes);
+    CUresult r = pa_cu.cuMemAlloc(buf, n);
+    if (r != CUDA_SUCCESS) {
+        *buf = 0;
+        return pa_fail(ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? PA_ERR_OUT_OF_MEMORY : PA_ERR_DEVICE,
+                       "attention: cannot allocate %zu bytes of device memory for %s", n, what);
+    }
+    *have = n;
+    return PA_OK;
+}
+
 pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdeviceptr *out) {
     if (bytes > impl->scratch_bytes) {
-        /* queued kernels may still read the old buffer */
-        CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
-        if (impl->scratch) pa_cu.cuMemFree(impl->scratch);
-        impl->scratch = 0;
-        impl->scratch_bytes = 0;
-        size_t n = grow(0, bytes, (size_t)1 << 20);
-        CUresult r = pa_cu.cuMemAlloc(&impl->scratch, n);
-        if (r != CUDA_SUCCESS) {
-            impl->scratch = 0;
-            return pa_fail(ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? PA_ERR_OUT_OF_MEMORY : PA_ERR_DEVICE,
-                           "attention: cannot allocate %zu bytes of device scratch", n);
-        }
-        impl->scratch_bytes = n;
+        pa_status st = regrow(ctx, impl, &impl->scratch, &impl->scratch_bytes, bytes, (size_t)1 << 20, "scratch");
+        if (st) return st;
     }
     *out = impl->scratch;
     return PA_OK;
@@ -99,15 +108,14 @@ pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void *
     return PA_OK;
 }
 
-pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
-                                 size_t bytes, const char *what) {
+/* Slot `slot`'s upload is queued on `stream`: mark when it has left, and move
+ * the ring on. */
+static pa_status staging_queued(pa_context *ctx, cuda_impl *impl, int slot, CUstream stream) {
     cuda_staging *s = &impl->staging[slot];
-    CUresult r = pa_cu.cuMemcpyHtoDAsync(dst, s->host, bytes, impl->stream);
-    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, what, __FILE__, __LINE__);
-    r = pa_cu.cuEventRecord(s->done, impl->stream);
+    CUresult r = pa_cu.cuEventRecord(s->done, stream);
     if (r != CUDA_SUCCESS) {
         /* the copy is queued but cannot be tracked: let it finish */
-        pa_cu.cuStreamSynchronize(impl->stream);
+        pa_cu.cuStreamSynchronize(stream);
         return pa_cu_fail(ctx, r, "cuEventRecord(staging)", __FILE__, __LINE__);
     }
     s->pending = true;
@@ -115,38 +123,33 @@ pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUd
     return PA_OK;
 }
 
+pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
+                                 size_t bytes, const char *what) {
+    CUresult r = pa_cu.cuMemcpyHtoDAsync(dst, impl->staging[slot].host, bytes, impl->stream);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, what, __FILE__, __LINE__);
+    return staging_queued(ctx, impl, slot, impl->stream);
+}
+
 pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t bytes, CUdeviceptr *dev) {
     cuda_staging *s = &impl->staging[slot];
     *dev = 0;
     if (bytes > s->dev_bytes) {
-        /* queued kernels may still read the old buffer */
-        CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
-        if (s->dev) pa_cu.cuMemFree(s->dev);
-        s->dev = 0;
-        s->dev_bytes = 0;
-        s->used_recorded = false;
-        const size_t n = grow(0, bytes, (size_t)64 << 10);
-        CUresult r = pa_cu.cuMemAlloc(&s->dev, n);
-        if (r != CUDA_SUCCESS) {
-            s->dev = 0;
-            return pa_fail(ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? PA_ERR_OUT_OF_MEMORY : PA_ERR_DEVICE,
-                           "attention: cannot allocate %zu bytes of device memory for the plan", n);
-        }
-        s->dev_bytes = n;
+        s->used_recorded = false; /* (the stream drains first) */
+        pa_status st = regrow(ctx, impl, &s->dev, &s->dev_bytes, bytes, (size_t)64 << 10, "the plan");
+        if (st) return st;
     }
     CUresult r = CUDA_SUCCESS;
     if (s->used_recorded) r = pa_cu.cuStreamWaitEvent(impl->copy_stream, s->used, 0);
     if (r == CUDA_SUCCESS) r = pa_cu.cuMemcpyHtoDAsync(s->dev, s->host, bytes, impl->copy_stream);
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuMemcpyHtoDAsync(attention plan)", __FILE__, __LINE__);
-    r = pa_cu.cuEventRecord(s->done, impl->copy_stream);
-    if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->stream, s->done, 0);
+    pa_status st = staging_queued(ctx, impl, slot, impl->copy_stream);
+    if (st) return st;
+    r = pa_cu.cuStreamWaitEvent(impl->stream, s->done, 0);
     if (r != CUDA_SUCCESS) {
-        /* the copy is queued but cannot be ordered: let it finish */
+        /* the kernels cannot be ordered after the copy: let it finish */
         pa_cu.cuStreamSynchronize(impl->copy_stream);
-        return pa_cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent(attention plan)", __FILE__, __LINE__);
+        return pa_cu_fail(ctx, r, "cuStreamWaitEvent(attention plan)", __FILE__, __LINE__);
     }
-    s->pending = true;
-    impl->staging_next = (slot + 1) % PA_STAGING_SLOTS;
     *dev = s->dev;
     return PA_OK;
 }
