@@ -76,7 +76,7 @@ typedef struct pa_attn_params {
  * built by cuTensorMapEncodeTiled): the second parameter of prefill_ws.cu's
  * kernel, __grid_constant__ there. 3-D: head-dim elements, kv heads, cache
  * rows (page * page_size + slot), 128-byte swizzle, boxes of 64 elements x
- * 1 head x PA_TMA_ROWS rows. */
+ * 1 head x the kernel's TMA_ROWS rows (the host's kernel_plan.tma_rows). */
 #ifdef __cplusplus
 #define PA_ALIGN128 alignas(128)
 #else

@@ -169,9 +169,11 @@ end
 
 local iters = quick and 10 or 40
 local workloads = { { 64, 4096 }, { 8, 32768 }, { 256, 1024 } }
-local extra_workloads = {}
+-- the page-16 workloads of the sweeps: these and PAGEDATTN_BENCH_DECODE_WORKLOADS
+local extra_workloads, page16_workloads = {}, { unpack(workloads) }
 for b, l in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("(%d+)x(%d+)") do
   extra_workloads[#extra_workloads + 1] = { tonumber(b), tonumber(l) }
+  page16_workloads[#page16_workloads + 1] = extra_workloads[#extra_workloads]
 end
 
 local function decode(B, L, page, label)
@@ -226,8 +228,7 @@ if run_decode then
   append(256, 1, 16)
   -- tuning sweeps
   with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
-    for _, wl in ipairs(workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
-    for _, wl in ipairs(extra_workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
+    for _, wl in ipairs(page16_workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
   end)
 end
 

@@ -54,7 +54,7 @@ typedef struct kernel_plan {
     bool longest_first; /* order the work items by length, longest first */
     bool no_split;      /* one work item per query tile (the kernel writes out/lse directly) */
     bool tail_splits;   /* more than a wave of tiles: split when that fills the last wave better */
-    bool ws;            /* prefill_ws: takes the TMA maps as a second parameter */
+    bool ws;            /* prefill_ws: it never splits, so fewer tiles than slots go to prefill_wgmma */
     bool forced;        /* PAGEDATTN_PREFILL_KERNEL chose the prefill kernel */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
 } kernel_plan;
@@ -520,7 +520,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     st = pa_cuda_timing_begin(ctx, impl);
     if (st) return st;
     CUdeviceptr plan = 0;
-    if (st == PA_OK) st = pa_cuda_plan_upload(ctx, impl, slot, upload_bytes, &plan);
+    st = pa_cuda_plan_upload(ctx, impl, slot, upload_bytes, &plan);
     CUresult r;
 
     if (st == PA_OK && append) {
@@ -600,7 +600,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         memset(&maps, 0, sizeof maps);
         if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp->tma_rows, &maps);
         if (st) break;
-        void *args[] = {&ap, &maps}; /* the second: prefill_ws only */
+        void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
         r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)(parts[i].nwork * kp->head_tiles), 1, 1, (unsigned)kp->threads, 1, 1,
                                  (unsigned)kp->smem, impl->stream, args, NULL);
         if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
