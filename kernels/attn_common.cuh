@@ -32,6 +32,69 @@ PA_DEV float pa_quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* Up to 4 floats through L2 only (data another block wrote) */
+template <int V> PA_DEV void pa_ld_cg_v(const float *p, float (&x)[V]) {
+    if constexpr (V == 4) {
+        asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                     : "l"(p));
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) x[i] = pa_ld_cg(p + i);
+    }
+}
+
+/* The last block of a split group: out/lse of its rows from the nsplit
+ * partials. One thread per V elements of a row; the partials are read 8
+ * splits at a time, all loads of a batch independent (one L2 round trip per
+ * batch, not per split), and merged with a running maximum. */
+template <int DT, int V>
+__device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int rows, int gt, int hk, int g0) {
+    constexpr int BATCH = 8;
+    const int D = p.head_dim, H = p.heads, DV = D / V;
+    const float *po = (const float *)p.part_o, *pl = (const float *)p.part_lse;
+    const i64 split_stride = (i64)w.seqlen_q * H;
+    for (int e = threadIdx.x; e < rows * DV; e += blockDim.x) {
+        const int r = e / DV, d = (e - r * DV) * V;
+        const int qi = w.i0 + r / gt, g = g0 + r % gt;
+        if (qi >= w.seqlen_q || g >= p.group) continue;
+        const int h = hk * p.group + g;
+        const i64 row0 = (w.part_row + qi) * H + h;
+        float m = -PA_INF, l = 0.f, acc[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) acc[i] = 0.f;
+        for (int s0 = 0; s0 < w.nsplit; s0 += BATCH) {
+            float ls[BATCH], os[BATCH][V];
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                const i64 prow = row0 + (i64)(s0 + b) * split_stride;
+                ls[b] = -PA_INF;
+#pragma unroll
+                for (int i = 0; i < V; i++) os[b][i] = 0.f;
+                if (s0 + b < w.nsplit) {
+                    ls[b] = pa_ld_cg(pl + prow);
+                    pa_ld_cg_v<V>(po + prow * D + d, os[b]);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; b++) {
+                if (ls[b] == -PA_INF) continue; /* that split saw no key of this row */
+                const float mn = fmaxf(m, ls[b]);
+                const float a = pa_exp2(m - mn), c = pa_exp2(ls[b] - mn); /* m = -inf: a = 0 */
+                l = l * a + c;
+#pragma unroll
+                for (int i = 0; i < V; i++) acc[i] = acc[i] * a + c * os[b][i];
+                m = mn;
+            }
+        }
+        const i64 out0 = ((w.q_start + qi) * H + h) * (i64)D + d;
+#pragma unroll
+        for (int i = 0; i < V; i++) pa_elem<DT>::store((void *)p.out, out0 + i, l > 0.f ? acc[i] / l : 0.f);
+        if (d == 0 && p.lse)
+            ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l > 0.f ? (m + pa_log2(l)) * PA_LN2 : -PA_INF;
+    }
+}
+
 /* get_o(r, d): normalised output of row r, element d; get_lse2(r): its
  * log2-sum-exp (-inf when the row saw no key). s_flag: one shared int. */
 template <int DT, typename FO, typename FL>
@@ -73,31 +136,8 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
     __syncthreads();
     if (!*s_flag) return;
     __threadfence();
-    const float *po = (const float *)p.part_o, *pl = (const float *)p.part_lse;
-    for (int e = threadIdx.x; e < total; e += blockDim.x) {
-        const int r = e / D, d = e - r * D;
-        const int qi = w.i0 + r / gt, g = g0 + r % gt;
-        if (qi >= w.seqlen_q || g >= p.group) continue;
-        const int h = hk * p.group + g;
-        const i64 row0 = (w.part_row + qi) * H + h;
-        const i64 split_stride = (i64)w.seqlen_q * H;
-        float mx = -PA_INF;
-        for (int s = 0; s < w.nsplit; s++) mx = fmaxf(mx, pa_ld_cg(pl + row0 + s * split_stride));
-        float o = 0.f, lse = -PA_INF;
-        if (mx != -PA_INF) {
-            float wsum = 0.f, acc = 0.f;
-            for (int s = 0; s < w.nsplit; s++) {
-                const i64 prow = row0 + s * split_stride;
-                const float wt = pa_exp2(pa_ld_cg(pl + prow) - mx); /* -inf -> 0 */
-                wsum += wt;
-                acc += wt * pa_ld_cg(po + prow * D + d);
-            }
-            o = acc / wsum;
-            lse = (mx + pa_log2(wsum)) * PA_LN2;
-        }
-        pa_elem<DT>::store((void *)p.out, ((w.q_start + qi) * H + h) * (i64)D + d, o);
-        if (d == 0 && p.lse) ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = lse;
-    }
+    if (D % 4 == 0) pa_combine_splits<DT, 4>(p, w, rows, gt, hk, g0);
+    else pa_combine_splits<DT, 1>(p, w, rows, gt, hk, g0);
 }
 
 /* Loads the page ids of keys [w.k0, w.k1) of sequence w.b into s_pages (one
@@ -112,6 +152,22 @@ __device__ int pa_load_page_ids(const pa_attn_params &p, const pa_work &w, int p
         const int npages = (w.k1 - 1) / ps - first_page + 1;
         const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
         for (int i = threadIdx.x; i < npages; i += NTHREADS) s_pages[i] = bt[i];
+    }
+    return first_page;
+}
+
+/* pa_load_page_ids by cp.async (4 bytes each): every thread's copies in
+ * flight at once; the caller commits, waits and synchronises. */
+template <int PAGE, int NTHREADS>
+__device__ int pa_load_page_ids_async(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages) {
+    int first_page = 0;
+    if (PAGE != -1 && w.k1 > w.k0) {
+        first_page = w.k0 / ps;
+        const int npages = (w.k1 - 1) / ps - first_page + 1;
+        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
+        for (int i = threadIdx.x; i < npages; i += NTHREADS)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(s_pages + i)), "l"(bt + i)
+                         : "memory");
     }
     return first_page;
 }

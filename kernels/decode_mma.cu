@@ -20,17 +20,25 @@
  *  - The warps' states are merged through shared memory; pa_write_rows writes
  *    out/lse or the split's partial and combines the splits (fused).
  *
+ * PA_PERSIST=1 (kernels/NOTES.md, session 7): the blocks stay resident and
+ * take units (work item x head tile) from a counter in global memory, so a
+ * block on a faster SM takes more of them. Near the end of a unit the next
+ * one's work item, page ids, rows and Q are loaded into the other of two
+ * slots by cp.async, nothing waiting on them, and the copies run on from
+ * the end of one unit into the next: a block pays its start-up once, not
+ * per unit.
+ *
  * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 32, <= 128), PA_NQ,
  * PA_GT (NQ * GT <= 16), PA_PAGE (-1 contiguous, 0 any, else a power of two),
- * PA_STAGES, PA_MAXP.
+ * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1).
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
 #include "mma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
-    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW)
-#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW"
+    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW) || !defined(PA_PERSIST)
+#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST"
 #endif
 
 #define NTHREADS 128
@@ -53,12 +61,14 @@ constexpr int LINE = CPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per ins
 constexpr int GROUPS = NTHREADS / LINE; /* lane groups of the block */
 constexpr int RPT = T / GROUPS;         /* rows per thread and stage */
 constexpr int KV_STAGE = 2 * T * RSTRIDE;
-constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : PA_MAXP * 4;
+constexpr bool PERSIST = PA_PERSIST != 0;
+constexpr int NSLOT = PERSIST ? 2 : 1; /* units held at once: the running one and the next */
+constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : NSLOT * PA_MAXP * 4;
 constexpr int ROWOFF_BYTES = 2 * T * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
-constexpr int MERGE_BYTES = NWARPS * 16 * (D + 2) * 4;
+constexpr int MERGE_BYTES = NWARPS * 16 * D * 4; /* the warps' o; their (m, l) in static shared memory */
 constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
-constexpr int SMEM = KV_OFF + pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES);
+constexpr int SMEM = KV_OFF + (PERSIST ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
 
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
 static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
@@ -66,6 +76,8 @@ static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
 static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
 static_assert(CPR % LINE == 0 && T % GROUPS == 0, "copy mapping");
 static_assert(PA_STAGES >= 2, "pipeline depth");
+static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
+constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next one without waiting */
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 } // namespace
@@ -89,89 +101,140 @@ PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
 }
 extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_attn_params p) {
     extern __shared__ __align__(128) u8 smem[];
-    __shared__ int s_flag;
-    __shared__ pa_work s_w;
-    __shared__ float s_slope[16];
-    __shared__ int s_lo[16], s_hi[16];
-    int *s_pages = (int *)smem;
+    __shared__ int s_flag, s_next;
+    __shared__ __align__(16) pa_work s_w[NSLOT];
+    __shared__ int s_unit[NSLOT]; /* the unit a slot holds (work item x head tile), -1: none */
+    __shared__ float s_slope[NSLOT][16];
+    __shared__ int s_lo[NSLOT][16], s_hi[NSLOT][16];
+    __shared__ float s_ml[16 * NWARPS * 2];
     i64 *s_rowoff = (i64 *)(smem + PAGES_BYTES);
     u8 *s_q = smem + PAGES_BYTES + ROWOFF_BYTES;
     u8 *s_kv = smem + KV_OFF;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int head_tile = blockIdx.x % p.head_tiles;
-    if (tid == 0) s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
-    __syncthreads();
-    const pa_work &w = s_w;
     const int tiles_per_group = p.group / GT;
-    const int hk = head_tile / tiles_per_group;
-    const int g0 = (head_tile - hk * tiles_per_group) * GT;
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
-
-    /* 1. page ids of keys [k0, k1), never past the last page holding a key */
-    const int first_page = pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, s_pages);
-    /* 2. rows: key ranges, ALiBi slopes; the Q tile (unscaled, in the input
-     * type; the rotated f32 q is rounded to it) */
+    const int units = p.num_work * p.head_tiles;
     const bool natural = p.softcap > 0.f || p.alibi != 0;
-    if (tid < 16) {
-        const int r = tid, qi = r / GT, h = hk * p.group + g0 + r % GT;
-        int lo = 0, hi = 0;
-        float slope = 0.f;
-        if (r < ROWS && qi < w.seqlen_q) {
-            pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
-            lo = max(lo, w.k0);
-            hi = min(hi, w.k1);
-            if (p.alibi) slope = ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + h] * PA_LOG2E;
-        }
-        s_lo[r] = lo;
-        s_hi[r] = hi;
-        s_slope[r] = slope;
-    }
-    for (int e = tid; e < 16 * CPR; e += NTHREADS) {
-        const int r = e / CPR, c = e - r * CPR, qi = r / GT;
-        uint4 v = make_uint4(0, 0, 0, 0), vlo = v;
-        if (r < ROWS && qi < w.seqlen_q) {
-            const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
-            if (p.q_f32) {
-                /* q = hi + lo, both in the input type: S = hi K^T + lo K^T
-                 * keeps the rotated q's f32 precision (rounding q alone
-                 * would cost up to |s| * 2^-9 in bf16) */
-                float x[8];
-                u32 h[4], l[4];
-                pa_load8<PA_DT_F32>((const float *)p.q + off, x);
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    h[j] = pack2(x[2 * j], x[2 * j + 1]);
-                    l[j] = pack2(x[2 * j] - unpack_lo(h[j]), x[2 * j + 1] - unpack_hi(h[j]));
-                }
-                v = make_uint4(h[0], h[1], h[2], h[3]);
-                vlo = make_uint4(l[0], l[1], l[2], l[3]);
-            } else {
-                v = *(const uint4 *)((const u16 *)p.q + off);
-            }
-        }
-        *(uint4 *)(s_q + r * RSTRIDE + chunk_at(r, c)) = v;
-        *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo;
-    }
+    auto pages_of = [&](int j) { return (int *)smem + j * PA_MAXP; };
+    /* the next unit's index less gridDim.x (persistent blocks) */
+    auto fetch_unit = [&]() {
+        u32 *counter = (u32 *)p.counters + p.item_counter;
+        const u32 f = atomicAdd(counter, 1u);
+        if (f == (u32)units - 1u) *counter = 0u;
+        return f;
+    };
+    /* stages a unit runs; PERSIST: at least STAGES, so that the copies
+     * running ahead (STAGES - 1 stages, their row offsets one more) never
+     * reach past the next unit (the extra stages copy nothing: zero-filled,
+     * masked) */
+    auto stages_of = [&](int j) {
+        const pa_work &w = s_w[j];
+        const int n = (w.k1 - w.k0 + T - 1) / T;
+        return PERSIST ? max(n, PA_STAGES) : n;
+    };
 
-    /* 3. the pipeline. Row offsets of stage st (bytes from the cache base;
-     * -1 past k1) live in ring entry st % 2, written a stage before use. */
-    const int nst = (w.k1 - w.k0 + T - 1) / T;
-    const i64 head_bytes = (i64)hk * D * 2;
-    auto row_offsets = [&](int st) {
-        if (tid < T) {
-            const int tok = w.k0 + st * T + tid;
-            i64 off = -1;
-            if (tok < w.k1) {
-                if (PA_PAGE == -1) {
-                    off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2 + head_bytes;
+    /* A unit into slot j: its work item (first; a barrier before load_rest) */
+    auto load_item = [&](int j, int u) {
+        const bool ok = u < units;
+        if (tid == 0) s_unit[j] = ok ? u : -1;
+        if (ok && tid < 16) ((u32 *)&s_w[j])[tid] = ((const u32 *)p.work)[(i64)(u / p.head_tiles) * 16 + tid];
+    };
+    /* The Q tile of slot j's unit (unscaled, in the input type; the rotated
+     * f32 q as hi + lo, rows 16.. holding lo) into s_q; async: a q in the
+     * input type by cp.async (the caller commits and waits) */
+    auto load_q = [&](int j, bool async) {
+        const pa_work &w = s_w[j];
+        const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
+        for (int e = tid; e < 16 * CPR; e += NTHREADS) {
+            const int r = e / CPR, c = e - r * CPR, qi = r / GT;
+            uint4 v = make_uint4(0, 0, 0, 0), vlo = v;
+            if (r < ROWS && qi < w.seqlen_q) {
+                const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
+                if (p.q_f32) {
+                    /* q = hi + lo, both in the input type: S = hi K^T + lo K^T
+                     * keeps the rotated q's f32 precision (rounding q alone
+                     * would cost up to |s| * 2^-9 in bf16) */
+                    float x[8];
+                    u32 h[4], l[4];
+                    pa_load8<PA_DT_F32>((const float *)p.q + off, x);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        h[i] = pack2(x[2 * i], x[2 * i + 1]);
+                        l[i] = pack2(x[2 * i] - unpack_lo(h[i]), x[2 * i + 1] - unpack_hi(h[i]));
+                    }
+                    v = make_uint4(h[0], h[1], h[2], h[3]);
+                    vlo = make_uint4(l[0], l[1], l[2], l[3]);
+                } else if (async) {
+                    pa_cp_async16(s_q + r * RSTRIDE + chunk_at(r, c), (const u16 *)p.q + off, true);
+                    continue; /* (rows 16.. are read only for an f32 q) */
                 } else {
-                    const int pg = tok / ps;
-                    off = ((i64)s_pages[pg - first_page] * p.page_stride + (i64)(tok - pg * ps) * p.row_stride) * 2 +
-                          head_bytes;
+                    v = *(const uint4 *)((const u16 *)p.q + off);
                 }
             }
-            s_rowoff[(st & 1) * T + tid] = off;
+            *(uint4 *)(s_q + r * RSTRIDE + chunk_at(r, c)) = v;
+            *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo;
+        }
+    };
+    /* The rest of slot j (after a barrier since load_item): page ids of keys
+     * [k0, k1) (never past the last page holding a key), the rows' key ranges
+     * and ALiBi slopes, and Q when with_q. async: the page ids and Q by
+     * cp.async, all in flight at once (the caller commits and waits): a
+     * block's start waits one round trip for them, not one per load. */
+    auto load_rest = [&](int j, bool with_q, bool async) {
+        if (s_unit[j] < 0) return;
+        const pa_work &w = s_w[j];
+        if (async) pa_load_page_ids_async<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j));
+        else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j));
+        if (tid < 16) {
+            const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
+            const int r = tid, qi = r / GT, h = hk * p.group + g0 + r % GT;
+            int lo = 0, hi = 0;
+            float slope = 0.f;
+            if (r < ROWS && qi < w.seqlen_q) {
+                pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
+                lo = max(lo, w.k0);
+                hi = min(hi, w.k1);
+                if (p.alibi) slope = ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + h] * PA_LOG2E;
+            }
+            s_lo[j][r] = lo;
+            s_hi[j][r] = hi;
+            s_slope[j][r] = slope;
+        }
+        if (with_q) load_q(j, async);
+    };
+
+    /* Row offsets (bytes from the cache base; -1: nothing to copy) of the
+     * stream's stages, one stage ahead of their copies, in ring entry
+     * G % 2 for global stage G. The cursor (slot rj, stage rs of its unit)
+     * walks the stream: it crosses into the other slot at the end of a unit
+     * (PERSIST; else it runs dry) */
+    int rj = 0, rs = 0;
+    auto row_offsets = [&](int G) {
+        const bool valid = rj < NSLOT && s_unit[rj] >= 0;
+        if (tid < T) {
+            i64 off = -1;
+            if (valid) {
+                const pa_work &w = s_w[rj];
+                const int tok = w.k0 + rs * T + tid;
+                if (tok < w.k1) {
+                    const int hk = (s_unit[rj] % p.head_tiles) / tiles_per_group;
+                    const i64 head_bytes = (i64)hk * D * 2;
+                    if (PA_PAGE == -1) {
+                        off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2 + head_bytes;
+                    } else {
+                        const int pg = tok / ps;
+                        off = ((i64)pages_of(rj)[pg - w.k0 / ps] * p.page_stride + (i64)(tok - pg * ps) * p.row_stride) *
+                                  2 +
+                              head_bytes;
+                    }
+                }
+            }
+            s_rowoff[(G & 1) * T + tid] = off;
+        }
+        if (valid && ++rs >= stages_of(rj)) {
+            rj = PERSIST ? rj ^ 1 : NSLOT;
+            rs = 0;
         }
     };
     /* The copies: lanes in groups of LINE, each group one 16 * LINE-byte
@@ -179,9 +242,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
      * one row per instruction; a thread's rows are g + GROUPS * r, so it
      * loads RPT row offsets per stage and adds the pieces as immediates. */
     const int cp_g = tid / LINE, cp_sub = tid % LINE;
-    auto issue = [&](int st) {
-        u8 *sbase = s_kv + (st % PA_STAGES) * KV_STAGE;
-        const i64 *ro = s_rowoff + (st & 1) * T;
+    auto issue = [&](int G) {
+        u8 *sbase = s_kv + (G % PA_STAGES) * KV_STAGE;
+        const i64 *ro = s_rowoff + (G & 1) * T;
 #pragma unroll
         for (int r = 0; r < RPT; r++) {
             const int row = cp_g + GROUPS * r;
@@ -199,200 +262,270 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             }
         }
     };
-    __syncthreads(); /* page ids, rows, Q tile */
+
+    /* 1. the first unit (blockIdx.x), its page ids, rows and Q */
+    int j = 0;
+    load_item(0, blockIdx.x);
+    __syncthreads();
+    load_rest(0, true, true);
+    pa_cp_async_commit();
+    pa_cp_async_wait<0>();
+    __syncthreads();
+    /* 2. the pipeline's first stages */
+    int G = 0; /* the stream's stage that the block consumes next */
 #pragma unroll
     for (int st = 0; st < PA_STAGES - 1; st++) {
-        if (st < nst) {
-            row_offsets(st);
-            __syncthreads();
-            issue(st);
-        }
+        row_offsets(st);
+        __syncthreads();
+        issue(st);
         pa_cp_async_commit();
     }
-    if (PA_STAGES - 1 < nst) row_offsets(PA_STAGES - 1);
+    row_offsets(PA_STAGES - 1);
 
-    /* this lane's rows (g, g + 8) and Q fragments, kept for the whole range */
     const int g = lane >> 2, t4 = lane & 3;
-    const int lo0 = s_lo[g], hi0 = s_hi[g], lo1 = s_lo[g + 8], hi1 = s_hi[g + 8];
-    u32 qa[D / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const int mi = lane >> 3;
-        const int r = (lane & 7) + 8 * (mi & 1);
-        ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
-    }
-    const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
-    const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
-    const float slope0 = s_slope[g], slope1 = s_slope[g + 8];
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m0 = -PA_INF, m1 = -PA_INF, l0 = 0.f, l1 = 0.f; /* rows g, g + 8; l: this lane's part */
-
-    for (int st = 0; st < nst; st++) {
-        pa_cp_async_wait<PA_STAGES - 2>();
-        __syncthreads(); /* stage st landed; buffer (st - 1) % STAGES and ring entry (st + STAGES) & 1 are free */
-        if (st + PA_STAGES - 1 < nst) issue(st + PA_STAGES - 1);
-        pa_cp_async_commit();
-        if (st + PA_STAGES < nst) row_offsets(st + PA_STAGES);
-
-        const u8 *sk = s_kv + (st % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
-        const u8 *sv = sk + T * RSTRIDE;
-        const int kr = lane & 7, kc = lane >> 3; /* ldmatrix: this lane's row (of 8) and chunk (of 4) */
-        /* S = Q K^T for this warp's KPW keys, NT tiles of 8; two accumulators
-         * per tile: two dependent MMA chains of half the length */
-        float s[NT][4], s2[NT][4];
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) s[n][j] = s2[n][j] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 32; kk++) {
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                u32 b[4];
-                ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
-                mma16816(s[n], qa[2 * kk], b[0], b[1]);
-                mma16816(s2[n], qa[2 * kk + 1], b[2], b[3]);
-            }
+    for (bool first = true;; first = false) {
+        /* 3. a unit: slot j, its Q in s_q (a rotated f32 q is loaded here:
+         * its lo half stays in use while the unit runs) */
+        if (PERSIST && !first && p.q_f32) {
+            load_q(j, false);
+            __syncthreads();
         }
-        if (p.q_f32) { /* the residual of the rounded q (block-uniform) */
+        const pa_work &w = s_w[j];
+        const int unit = s_unit[j];
+        const int head_tile = unit % p.head_tiles;
+        const int hk = head_tile / tiles_per_group;
+        const int g0 = (head_tile - hk * tiles_per_group) * GT;
+        const int nst = stages_of(j), k0 = w.k0;
+        /* this lane's rows (g, g + 8) and Q fragments, kept for the whole unit */
+        const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
+        u32 qa[D / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const int mi = lane >> 3;
+            const int r = (lane & 7) + 8 * (mi & 1);
+            ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
+        }
+        const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
+        const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
+        const float slope0 = s_slope[j][g], slope1 = s_slope[j][g + 8];
+
+        /* The unit after this one goes into the other slot, while this one
+         * runs: one fetch of the unit counter per unit run (blockIdx.x came
+         * free), `units` fetches in all; the last resets the counter for the
+         * next call. A unit of PREP_STAGES stages or more does it inside its
+         * stage loop without waiting on any load (below); a shorter one here,
+         * waiting, while its first stages are in flight. */
+        const bool prep_async = PERSIST && nst >= PREP_STAGES;
+        u32 fetched = 0;
+        if (PERSIST && !prep_async) {
+            __syncthreads(); /* Q fragments and rows read: s_q and the other slot are free */
+            if (tid == 0) s_next = (int)gridDim.x + (int)fetch_unit();
+            __syncthreads();
+            load_item(j ^ 1, s_next);
+            __syncthreads();
+            load_rest(j ^ 1, !p.q_f32, false); /* the loop's first barrier precedes every reader */
+        }
+
+        float o[D / 8][4];
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+        float m0 = -PA_INF, m1 = -PA_INF, l0 = 0.f, l1 = 0.f; /* rows g, g + 8; l: this lane's part */
+
+        for (int st = 0; st < nst; st++, G++) {
+            pa_cp_async_wait<PA_STAGES - 2>();
+            __syncthreads(); /* stage G landed; buffer (G - 1) % STAGES and ring entry (G + STAGES) & 1 are free */
+            if (prep_async) {
+                /* the next unit without waiting, as late as that allows (a unit
+                 * taken early is one another block could have taken): from
+                 * stage pst = nst - PREP_STAGES, the counter (its result used a
+                 * stage later), the work item by cp.async (in this stage's
+                 * group: landed two stages later), then page ids, Q and rows,
+                 * landed by stage pst + 5, where the row offsets reach the next
+                 * unit (stage nst - STAGES) */
+                const int pst = nst - PREP_STAGES;
+                if (st == pst && tid == 0) fetched = fetch_unit();
+                if (st == pst + 1 && tid == 0) {
+                    const int next = (int)gridDim.x + (int)fetched;
+                    s_unit[j ^ 1] = next < units ? next : -1;
+                    if (next < units) {
+                        const u8 *src = (const u8 *)p.work + (i64)(next / p.head_tiles) * sizeof(pa_work);
+#pragma unroll
+                        for (int c = 0; c < (int)sizeof(pa_work) / 16; c++)
+                            pa_cp_async16((u8 *)&s_w[j ^ 1] + 16 * c, src + 16 * c, true);
+                    }
+                }
+                if (st == pst + 3) load_rest(j ^ 1, !p.q_f32, true);
+            }
+            /* (past the unit's end, PERSIST copies the next unit's rows, and
+             * else there is nothing to copy) */
+            if (PERSIST || st + PA_STAGES - 1 < nst) issue(G + PA_STAGES - 1);
+            pa_cp_async_commit();
+            if (PERSIST || st + PA_STAGES < nst) row_offsets(G + PA_STAGES);
+
+            const u8 *sk = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
+            const u8 *sv = sk + T * RSTRIDE;
+            const int kr = lane & 7, kc = lane >> 3; /* ldmatrix: this lane's row (of 8) and chunk (of 4) */
+            /* S = Q K^T for this warp's KPW keys, NT tiles of 8; two accumulators
+             * per tile: two dependent MMA chains of half the length */
+            float s[NT][4], s2[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) s[n][i] = s2[n][i] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < D / 32; kk++) {
-                u32 a[2][4];
-                const int mi = lane >> 3, r = 16 + (lane & 7) + 8 * (mi & 1);
-#pragma unroll
-                for (int h = 0; h < 2; h++) ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
                     u32 b[4];
                     ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
-                    mma16816(s[n], a[0], b[0], b[1]);
-                    mma16816(s2[n], a[1], b[2], b[3]);
+                    mma16816(s[n], qa[2 * kk], b[0], b[1]);
+                    mma16816(s2[n], qa[2 * kk + 1], b[2], b[3]);
+                }
+            }
+            if (p.q_f32) { /* the residual of the rounded q (block-uniform) */
+#pragma unroll
+                for (int kk = 0; kk < D / 32; kk++) {
+                    u32 a[2][4];
+                    const int mi = lane >> 3, r = 16 + (lane & 7) + 8 * (mi & 1);
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        u32 b[4];
+                        ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                        mma16816(s[n], a[0], b[0], b[1]);
+                        mma16816(s2[n], a[1], b[2], b[3]);
+                    }
+                }
+            }
+            /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
+            const int kb = k0 + st * T + warp * KPW;
+            float mx0 = m0, mx1 = m1;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int tok = kb + n * 8 + 2 * t4 + (i & 1);
+                    const bool upper = i >= 2;
+                    float x = (s[n][i] + s2[n][i]) * qk_scale;
+                    if (natural) {
+                        if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
+                        x *= PA_LOG2E;
+                        if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
+                    }
+                    const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
+                    x = ok ? x : -PA_INF;
+                    s[n][i] = x;
+                    if (upper) mx1 = fmaxf(mx1, x);
+                    else mx0 = fmaxf(mx0, x);
+                }
+            }
+            mx0 = pa_quad_max(mx0);
+            mx1 = pa_quad_max(mx1);
+            /* new maxima: rescale what is accumulated (rarely, once the max settles) */
+            const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
+            const float alpha1 = mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
+            m0 = mx0;
+            m1 = mx1;
+            if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
+                l0 *= alpha0;
+                l1 *= alpha1;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    o[n][0] *= alpha0;
+                    o[n][1] *= alpha0;
+                    o[n][2] *= alpha1;
+                    o[n][3] *= alpha1;
+                }
+            }
+            /* P (input type) as the A operand of the P V product */
+            u32 pa[2 * NT];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const float p0 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][0] - mx0);
+                const float p1 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][1] - mx0);
+                const float p2 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][2] - mx1);
+                const float p3 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][3] - mx1);
+                l0 += p0 + p1;
+                l1 += p2 + p3;
+                pa[2 * n] = pack2(p0, p1);
+                pa[2 * n + 1] = pack2(p2, p3);
+            }
+            if constexpr (NT == 1) {
+                /* O += P V (k = 8 keys): four 8-dim tiles per ldmatrix.trans */
+                const u32 a[2] = {pa[0], pa[1]};
+#pragma unroll
+                for (int dq = 0; dq < D / 32; dq++) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, sv + kr * RSTRIDE + chunk_at(kr, dq * 4 + kc));
+#pragma unroll
+                    for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], a, b[i]);
+                }
+            } else {
+                /* O += P V (k = 16 keys): two 8-dim tiles per ldmatrix.trans
+                 * (keys 0-7 / 8-15 x dims 0-7 / 8-15) */
+                const int vr = kr + 8 * (kc & 1);
+                const u32 a[4] = {pa[0], pa[1], pa[NT > 1 ? 2 : 0], pa[NT > 1 ? 3 : 1]};
+#pragma unroll
+                for (int dq = 0; dq < D / 16; dq++) {
+                    u32 b[4];
+                    ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
+                    mma16816(o[2 * dq], a, b[0], b[1]);
+                    mma16816(o[2 * dq + 1], a, b[2], b[3]);
                 }
             }
         }
-        /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
-        const int kb = w.k0 + st * T + warp * KPW;
-        float mx0 = m0, mx1 = m1;
+        /* 4. merge the warps through the buffer of the stage just consumed
+         * (PERSIST: free until the next iteration's copies; the next unit's
+         * stages are in flight in the others), else through the drained
+         * stage buffers: o[warp][16][D], (m, l)[row][warp] */
+        if (!PERSIST) pa_cp_async_wait<0>();
+        __syncthreads();
+        l0 = pa_quad_sum(l0);
+        l1 = pa_quad_sum(l1);
+        float *sm_o = (float *)(PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
+        float *sm_ml = s_ml;
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int tok = kb + n * 8 + 2 * t4 + (j & 1);
-                const bool upper = j >= 2;
-                float x = (s[n][j] + s2[n][j]) * qk_scale;
-                if (natural) {
-                    if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
-                    x *= PA_LOG2E;
-                    if (p.alibi) x -= (upper ? slope1 : slope0) * fabsf((float)((upper ? diag1 : diag0) - tok));
-                }
-                const bool ok = upper ? (tok >= lo1 && tok < hi1) : (tok >= lo0 && tok < hi0);
-                x = ok ? x : -PA_INF;
-                s[n][j] = x;
-                if (upper) mx1 = fmaxf(mx1, x);
-                else mx0 = fmaxf(mx0, x);
-            }
+        for (int n = 0; n < D / 8; n++) {
+            const int col = n * 8 + 2 * t4;
+            *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
+            *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
         }
-        mx0 = pa_quad_max(mx0);
-        mx1 = pa_quad_max(mx1);
-        /* new maxima: rescale what is accumulated (rarely, once the max settles) */
-        const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
-        const float alpha1 = mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
-        m0 = mx0;
-        m1 = mx1;
-        if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
-            l0 *= alpha0;
-            l1 *= alpha1;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                o[n][0] *= alpha0;
-                o[n][1] *= alpha0;
-                o[n][2] *= alpha1;
-                o[n][3] *= alpha1;
-            }
+        if (t4 == 0) {
+            sm_ml[(g * NWARPS + warp) * 2] = m0;
+            sm_ml[(g * NWARPS + warp) * 2 + 1] = l0;
+            sm_ml[((g + 8) * NWARPS + warp) * 2] = m1;
+            sm_ml[((g + 8) * NWARPS + warp) * 2 + 1] = l1;
         }
-        /* P (input type) as the A operand of the P V product */
-        u32 pa[2 * NT];
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const float p0 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][0] - mx0);
-            const float p1 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][1] - mx0);
-            const float p2 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][2] - mx1);
-            const float p3 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][3] - mx1);
-            l0 += p0 + p1;
-            l1 += p2 + p3;
-            pa[2 * n] = pack2(p0, p1);
-            pa[2 * n + 1] = pack2(p2, p3);
-        }
-        if constexpr (NT == 1) {
-            /* O += P V (k = 8 keys): four 8-dim tiles per ldmatrix.trans */
-            const u32 a[2] = {pa[0], pa[1]};
-#pragma unroll
-            for (int dq = 0; dq < D / 32; dq++) {
-                u32 b[4];
-                ldmatrix_x4_trans(b, sv + kr * RSTRIDE + chunk_at(kr, dq * 4 + kc));
-#pragma unroll
-                for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], a, b[i]);
+        __syncthreads();
+        auto lse2_of = [&](int r) {
+            float mx = -PA_INF;
+            for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
+            if (mx == -PA_INF) return -PA_INF;
+            float l = 0.f;
+            for (int y = 0; y < NWARPS; y++)
+                l += sm_ml[(r * NWARPS + y) * 2 + 1] * pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
+            return mx + pa_log2(l);
+        };
+        auto o_of = [&](int r, int d) {
+            float mx = -PA_INF;
+            for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
+            if (mx == -PA_INF) return 0.f;
+            float l = 0.f, acc = 0.f;
+            for (int y = 0; y < NWARPS; y++) {
+                const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
+                l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
+                acc += sm_o[(y * 16 + r) * D + d] * wt;
             }
-        } else {
-            /* O += P V (k = 16 keys): two 8-dim tiles per ldmatrix.trans
-             * (keys 0-7 / 8-15 x dims 0-7 / 8-15) */
-            const int vr = kr + 8 * (kc & 1);
-            const u32 a[4] = {pa[0], pa[1], pa[NT > 1 ? 2 : 0], pa[NT > 1 ? 3 : 1]};
-#pragma unroll
-            for (int dq = 0; dq < D / 16; dq++) {
-                u32 b[4];
-                ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
-                mma16816(o[2 * dq], a, b[0], b[1]);
-                mma16816(o[2 * dq + 1], a, b[2], b[3]);
-            }
-        }
+            return acc / l;
+        };
+        pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
+        if (!PERSIST || s_unit[j ^ 1] < 0) break;
+        __syncthreads(); /* the merge area, s_ml and this slot are free */
+        j ^= 1;
     }
-    pa_cp_async_wait<0>();
-    __syncthreads(); /* the stage buffers become the merge area */
-
-    /* 4. merge the warps: o[warp][16][D], (m, l)[warp][16] */
-    l0 = pa_quad_sum(l0);
-    l1 = pa_quad_sum(l1);
-    float *sm_o = (float *)s_kv;
-    float *sm_ml = sm_o + NWARPS * 16 * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-        const int col = n * 8 + 2 * t4;
-        *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
-        *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
-    }
-    if (t4 == 0) {
-        sm_ml[(g * NWARPS + warp) * 2] = m0;
-        sm_ml[(g * NWARPS + warp) * 2 + 1] = l0;
-        sm_ml[((g + 8) * NWARPS + warp) * 2] = m1;
-        sm_ml[((g + 8) * NWARPS + warp) * 2 + 1] = l1;
-    }
-    __syncthreads();
-    auto lse2_of = [&](int r) {
-        float mx = -PA_INF;
-        for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
-        if (mx == -PA_INF) return -PA_INF;
-        float l = 0.f;
-        for (int y = 0; y < NWARPS; y++)
-            l += sm_ml[(r * NWARPS + y) * 2 + 1] * pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
-        return mx + pa_log2(l);
-    };
-    auto o_of = [&](int r, int d) {
-        float mx = -PA_INF;
-        for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
-        if (mx == -PA_INF) return 0.f;
-        float l = 0.f, acc = 0.f;
-        for (int y = 0; y < NWARPS; y++) {
-            const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
-            l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
-            acc += sm_o[(y * 16 + r) * D + d] * wt;
-        }
-        return acc / l;
-    };
-    pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
+    pa_cp_async_wait<0>(); /* (copies of nothing may still be in flight) */
 }
 
 #endif /* PA_EMBED_ONLY */

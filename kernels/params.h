@@ -69,7 +69,7 @@ typedef struct pa_attn_params {
     pa_i32 q_f32;
     pa_i32 window_left, window_right; /* -1: unbounded */
     float scale, softcap;
-    pa_i32 pad;
+    pa_i32 item_counter; /* persistent decode: counters[item_counter] hands out work units (zero between calls) */
 } pa_attn_params;
 
 /* TMA descriptors of the K and V caches (the driver's 128-byte CUtensorMap,

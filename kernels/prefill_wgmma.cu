@@ -184,9 +184,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
 
         pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, w.k0 + t * BN, [] {});
     };
-    int ti0, ti1; /* s_wr was written before step 0's barrier */
-    if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});
-    pa_interior_tiles(s_wr, NTHREADS / 32, w.k0, BN, nt, ti0, ti1);
+    int ti0 = 0, ti1 = 0; /* s_wr was written before step 0's barrier (no tiles: no barrier, nothing to read) */
+    if (nt > 0) {
+        step(0, pa_bool<false>{}, pa_bool<true>{});
+        pa_interior_tiles(s_wr, NTHREADS / 32, w.k0, BN, nt, ti0, ti1);
+    }
     for (int t = 1; t < nt; t++) {
         if (t >= ti0 && t < ti1) step(t, pa_bool<true>{}, pa_bool<false>{});
         else step(t, pa_bool<true>{}, pa_bool<true>{});

@@ -57,6 +57,38 @@ describe("#gpu CUDA against the float64 reference", function()
     end)
   end)
 
+  -- persistent decode blocks (the default at head dims 64 and 128), five of
+  -- them taking every unit: guided pieces down to 64 keys (units shorter than
+  -- 8 stages load the next one waiting), and whole key ranges (longer units
+  -- load the next one inside their stage loop)
+  for _, cfg in ipairs({
+    { "short units", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64", PAGEDATTN_DECODE_GUIDE = "64" } },
+    { "whole ranges", {} },
+  }) do
+    it("#gpu persistent decode: five blocks taking every unit, " .. cfg[1] .. ", every layout", function()
+      local env = { PAGEDATTN_DECODE_BLOCKS = "5" }
+      for k, v in pairs(cfg[2]) do env[k] = v end
+      H.with_env(env, function()
+        run_cases("gpu persistent decode " .. cfg[1], H.scale(30), function(rng)
+          return { mode = rng:int(1, 3) == 1 and "read" or "decode", dtype = rng:int(1, 2) == 1 and "f16" or "bf16",
+            page_size = ({ 0, 1, 3, 16, 32, 256 })[rng:int(1, 6)], D = ({ 64, 128 })[rng:int(1, 2)],
+            group = ({ 1, 4, 8 })[rng:int(1, 3)], B = rng:int(1, 9), max_keys = rng:int(1, 8) * 150,
+            sq = rng:int(1, 8) }
+        end)
+      end)
+    end)
+  end
+
+  it("#gpu decode, one block per unit (PAGEDATTN_DECODE_PERSIST=0)", function()
+    H.with_env({ PAGEDATTN_DECODE_PERSIST = "0" }, function()
+      run_cases("gpu decode, not persistent", H.scale(30), function(rng)
+        return { mode = "decode", dtype = rng:int(1, 2) == 1 and "f16" or "bf16",
+          page_size = ({ 0, 1, 16, 256 })[rng:int(1, 4)], D = ({ 64, 128 })[rng:int(1, 2)],
+          group = ({ 1, 4, 8 })[rng:int(1, 3)], B = rng:int(1, 12), max_keys = rng:int(1, 8) * 150 }
+      end)
+    end)
+  end)
+
   it("#gpu the CUDA-core decode kernel on f16/bf16 problems (PAGEDATTN_DECODE_KERNEL=simt)", function()
     H.with_env({ PAGEDATTN_DECODE_KERNEL = "simt" }, function()
       run_cases("gpu simt", H.scale(30), function(rng)

@@ -56,6 +56,8 @@ typedef struct kernel_plan {
     bool tail_splits;   /* more than a wave of tiles: split when that fills the last wave better */
     bool ws;            /* prefill_ws: it never splits, so fewer tiles than slots go to prefill_wgmma */
     bool forced;        /* PAGEDATTN_PREFILL_KERNEL chose the prefill kernel */
+    bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
+    bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
 } kernel_plan;
 
@@ -87,9 +89,10 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
 }
 
 /* The kernel of one kind for a problem whose sequences of that kind have at
- * most max_q queries, with its launch shape. ws: the warp-specialised
- * prefill may be chosen (it never splits, so the caller asks for it only
- * when the query tiles fill the GPU). */
+ * most max_q queries, with its launch shape. allow_ws: the warp-specialised
+ * prefill (it never splits, so the caller asks for it only when the query
+ * tiles fill the GPU) or the persistent decode blocks (only when there are
+ * more units than blocks) may be chosen. */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
                              int32_t max_q, bool allow_ws, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
@@ -112,10 +115,19 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
          * best on the H200, kernels/NOTES.md); PAGEDATTN_DECODE_KPW=8|16 */
         const int kpw = D % 64 == 0 ? (env_int("PAGEDATTN_DECODE_KPW", 16, 8, 16) >= 16 ? 16 : 8) : 8;
         const int stages = env_int("PAGEDATTN_DECODE_STAGES", kpw == 16 ? 3 : 4, 2, 8);
-        kp->tail_splits = true;
+        /* persistent blocks at 16 keys per warp (PAGEDATTN_DECODE_PERSIST=0:
+         * one block per unit): two slots of page ids, 768 each, to keep two
+         * blocks per SM. PAGEDATTN_DECODE_GUIDED=1: the guided pieces
+         * (plan_work; measured slower, kernels/NOTES.md, session 7) */
+        const bool persist = mma && kpw == 16 && allow_ws && env_int("PAGEDATTN_DECODE_PERSIST", 1, 0, 1) == 1;
+        kp->persistent = persist;
+        kp->guided = env_int("PAGEDATTN_DECODE_GUIDED", 0, 0, 1) == 1;
+        kp->tail_splits = !kp->guided;
+        kp->longest_first = kp->guided;
         if (mma)
-            snprintf(variant, sizeof variant, "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d",
-                     dtype_str(p->dtype), D, nq, gt, page, stages, 1024, kpw);
+            snprintf(variant, sizeof variant,
+                     "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d",
+                     dtype_str(p->dtype), D, nq, gt, page, stages, persist ? 768 : 1024, kpw, persist ? 1 : 0);
         else
             snprintf(variant, sizeof variant, "decode dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
                      dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
@@ -222,6 +234,18 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
     return PA_OK;
 }
 
+/* The next piece of a key range with `rem` keys left, when `left` keys (x
+ * head tiles) of the whole list are not cut yet: about left / div, a
+ * multiple of `align`, at least `cmin`, at most `cap` (0: no bound), and
+ * the whole rest when what would remain is under half a piece. */
+static int64_t guided_piece(int64_t rem, int64_t left, int64_t div, int64_t cmin, int64_t align, int64_t cap) {
+    int64_t c = ALIGN_UP(left / div, align);
+    if (c < cmin) c = cmin;
+    if (cap > 0 && c > cap) c = cap;
+    if (rem - c < c / 2 && (cap == 0 || rem <= cap)) c = rem;
+    return c < rem ? c : rem;
+}
+
 /* A query tile's keys: the union of its queries' ranges (ranges only move
  * right as the query index grows). */
 typedef struct tile_range {
@@ -248,7 +272,22 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     const int forced_chunk = env_int("PAGEDATTN_SPLIT_CHUNK", 0, 0, INT32_MAX);
     const double waves = env_int("PAGEDATTN_SPLIT_WAVES", 1, 1, 64);
     int64_t auto_chunk = max_len > 0 ? max_len : 1;
-    if (p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
+    /* Guided (decode): blocks take the units in list order (persistent
+     * blocks from a counter, or else the GPU's block scheduler as slots
+     * free), so the list is cut into pieces of about 1 / (GUIDE x capacity)
+     * of the keys (x head tiles) not yet cut, at least
+     * PAGEDATTN_DECODE_MIN_CHUNK keys: long pieces while much work remains,
+     * short ones at the end, so that the blocks end within a short piece of
+     * each other (the SMs do not stream at equal rates). */
+    const bool guided = kp->guided && p->num_splits == 0 && forced_chunk == 0 && total_len > 0;
+    /* (persistent blocks: 512 keys, 8 stages, the least that loads the next unit without waiting) */
+    const int64_t gmin =
+        ALIGN_UP(env_int("PAGEDATTN_DECODE_MIN_CHUNK", kp->persistent ? 512 : 256, 1, INT32_MAX), kp->tokens);
+    const int64_t gdiv = (int64_t)env_int("PAGEDATTN_DECODE_GUIDE", 2, 1, 64) * kp->capacity;
+    int64_t guide_left = total_len * kp->head_tiles;
+    if (guided) {
+        /* (the pieces below) */
+    } else if (p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
         ntiles * kp->head_tiles < kp->capacity) {
         /* the shortest chunk whose blocks still fit the wave(s) */
         const double budget = waves * kp->capacity;
@@ -319,11 +358,24 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         if (kp->max_chunk > 0 && chunk > kp->max_chunk) chunk = kp->max_chunk;
         if (chunk < 1) chunk = 1;
         int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
+        const int64_t guide_at = guide_left;
+        if (guided && len > 0) {
+            ns = 0;
+            for (int64_t rem = len; rem > 0; ns++) {
+                const int64_t c = guided_piece(rem, guide_left, gdiv, gmin, kp->tokens, kp->max_chunk);
+                rem -= c;
+                guide_left -= c * kp->head_tiles;
+            }
+        }
         if (ns > max_split_b) max_split_b = (int32_t)ns;
         const int32_t counter = ns > 1 ? (int32_t)counters : 0;
         if (ns > 1) counters += kp->head_tiles;
         const int32_t b = tiles[t].b;
+        int64_t pos = tiles[t].lo, left = guide_at;
         for (int64_t s = 0; s < ns; s++) {
+            const int64_t piece =
+                guided && len > 0 ? guided_piece(tiles[t].hi - pos, left, gdiv, gmin, kp->tokens, kp->max_chunk) : chunk;
+            left -= piece * kp->head_tiles;
             if (items) {
                 pa_work *w = &items[n];
                 memset(w, 0, sizeof *w);
@@ -331,8 +383,8 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
                 w->lse_start = p->h_lse_start[b];
                 w->b = b;
                 w->i0 = tiles[t].i0;
-                w->k0 = (int32_t)(tiles[t].lo + s * chunk);
-                w->k1 = (int32_t)(w->k0 + chunk < tiles[t].hi ? w->k0 + chunk : tiles[t].hi);
+                w->k0 = (int32_t)pos;
+                w->k1 = (int32_t)(pos + piece < tiles[t].hi ? pos + piece : tiles[t].hi);
                 if (len == 0) w->k0 = w->k1 = tiles[t].lo;
                 w->split = (int32_t)s;
                 w->nsplit = (int32_t)ns;
@@ -341,6 +393,7 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
                 w->seqlen_k = p->h_seqlen_k[b];
                 w->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
             }
+            pos += piece;
             n++;
         }
     }
@@ -423,6 +476,14 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
         }
     }
     pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
+    if (pt->kp.persistent &&
+        pt->nwork * pt->kp.head_tiles <= env_int("PAGEDATTN_DECODE_BLOCKS", pt->kp.capacity, 1, pt->kp.capacity)) {
+        /* every block would run one unit: one block per unit, without the
+         * persistent loop (measured ~1 % faster there, kernels/NOTES.md) */
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
+        if (st) return st;
+        pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
+    }
     if (pt->nwork * pt->kp.head_tiles > INT32_MAX)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
                        (long long)(pt->nwork * pt->kp.head_tiles));
@@ -469,7 +530,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             pt->counters0 = ncounters;
             nwork += pt->nwork;
             part_rows += pt->part_rows;
-            ncounters += pt->ncounters;
+            ncounters += pt->ncounters + (pt->kp.persistent ? 1 : 0); /* the last: its unit counter */
         }
         if (st) {
             for (int i = 0; i < nparts; i++) free(parts[i].tiles);
@@ -596,13 +657,19 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.window_right = p->window_right;
         ap.scale = p->scale;
         ap.softcap = p->softcap;
+        ap.item_counter = (pa_i32)(kp->persistent ? parts[i].counters0 + parts[i].ncounters : 0);
         pa_tma_maps maps;
         memset(&maps, 0, sizeof maps);
         if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp->tma_rows, &maps);
         if (st) break;
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
-        r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)(parts[i].nwork * kp->head_tiles), 1, 1, (unsigned)kp->threads, 1, 1,
-                                 (unsigned)kp->smem, impl->stream, args, NULL);
+        int64_t blocks = parts[i].nwork * kp->head_tiles;
+        if (kp->persistent) { /* each block takes units until none are left; PAGEDATTN_DECODE_BLOCKS: fewer (specs) */
+            const int most = env_int("PAGEDATTN_DECODE_BLOCKS", kp->capacity, 1, kp->capacity);
+            if (blocks > most) blocks = most;
+        }
+        r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1, (unsigned)kp->smem,
+                                 impl->stream, args, NULL);
         if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
     }
     if (plan) {
