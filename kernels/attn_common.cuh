@@ -143,31 +143,22 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
 /* Loads the page ids of keys [w.k0, w.k1) of sequence w.b into s_pages (one
  * per page, from the block table's row), never reading the table past the last
  * page that holds a key; returns that row's index of s_pages[0]. PAGE == -1: a
- * contiguous cache, nothing to load. Every thread of the block takes part. */
-template <int PAGE, int NTHREADS>
+ * contiguous cache, nothing to load. Every thread of the block takes part.
+ * ASYNC: by cp.async (4 bytes each), every thread's copies in flight at once;
+ * the caller commits, waits and synchronises. */
+template <int PAGE, int NTHREADS, bool ASYNC = false>
 __device__ int pa_load_page_ids(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages) {
     int first_page = 0;
     if (PAGE != -1 && w.k1 > w.k0) {
         first_page = w.k0 / ps;
         const int npages = (w.k1 - 1) / ps - first_page + 1;
         const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
-        for (int i = threadIdx.x; i < npages; i += NTHREADS) s_pages[i] = bt[i];
-    }
-    return first_page;
-}
-
-/* pa_load_page_ids by cp.async (4 bytes each): every thread's copies in
- * flight at once; the caller commits, waits and synchronises. */
-template <int PAGE, int NTHREADS>
-__device__ int pa_load_page_ids_async(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages) {
-    int first_page = 0;
-    if (PAGE != -1 && w.k1 > w.k0) {
-        first_page = w.k0 / ps;
-        const int npages = (w.k1 - 1) / ps - first_page + 1;
-        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
-        for (int i = threadIdx.x; i < npages; i += NTHREADS)
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(s_pages + i)), "l"(bt + i)
-                         : "memory");
+        for (int i = threadIdx.x; i < npages; i += NTHREADS) {
+            if (ASYNC)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(s_pages + i)), "l"(bt + i)
+                             : "memory");
+            else s_pages[i] = bt[i];
+        }
     }
     return first_page;
 }

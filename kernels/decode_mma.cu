@@ -184,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     auto load_rest = [&](int j, bool with_q, bool async) {
         if (s_unit[j] < 0) return;
         const pa_work &w = s_w[j];
-        if (async) pa_load_page_ids_async<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j));
+        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w, ps, pages_of(j));
         else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j));
         if (tid < 16) {
             const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
