@@ -95,6 +95,31 @@ __device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int
     }
 }
 
+/* Row r of a block merged over the n partial states of its warps (or lane
+ * groups): (m, l) of part y at ml[(r * n + y) * 2], base 2. Its log2-sum-exp
+ * (-inf when no part saw a key), and one element of its normalised output
+ * from the parts' unnormalised values part(y). */
+PA_DEV float pa_merged_lse2(const float *ml, int n, int r) {
+    float mx = -PA_INF;
+    for (int y = 0; y < n; y++) mx = fmaxf(mx, ml[(r * n + y) * 2]);
+    if (mx == -PA_INF) return -PA_INF;
+    float l = 0.f;
+    for (int y = 0; y < n; y++) l += ml[(r * n + y) * 2 + 1] * pa_exp2(ml[(r * n + y) * 2] - mx);
+    return mx + pa_log2(l);
+}
+template <typename F> PA_DEV float pa_merged_o(const float *ml, int n, int r, F part) {
+    float mx = -PA_INF;
+    for (int y = 0; y < n; y++) mx = fmaxf(mx, ml[(r * n + y) * 2]);
+    if (mx == -PA_INF) return 0.f;
+    float l = 0.f, acc = 0.f;
+    for (int y = 0; y < n; y++) {
+        const float wt = pa_exp2(ml[(r * n + y) * 2] - mx);
+        l += ml[(r * n + y) * 2 + 1] * wt;
+        acc += part(y) * wt;
+    }
+    return acc / l;
+}
+
 /* get_o(r, d): normalised output of row r, element d; get_lse2(r): its
  * log2-sum-exp (-inf when the row saw no key). s_flag: one shared int. */
 template <int DT, typename FO, typename FL>
@@ -138,6 +163,16 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
     __threadfence();
     if (D % 4 == 0) pa_combine_splits<DT, 4>(p, w, rows, gt, hk, g0);
     else pa_combine_splits<DT, 1>(p, w, rows, gt, hk, g0);
+}
+
+/* Absolute byte offset of key tok's row in either cache (64-bit, from the
+ * page id itself: never a difference between pages); head_bytes: the kv
+ * head's offset within a row. PAGE == -1: contiguous caches. */
+template <int PAGE>
+PA_DEV i64 pa_key_offset(const pa_attn_params &p, const pa_work &w, int tok, int page, int ps, i64 head_bytes) {
+    const i64 row = PAGE == -1 ? (i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride
+                               : (i64)page * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride;
+    return row * 2 + head_bytes;
 }
 
 /* Loads the page ids of keys [w.k0, w.k1) of sequence w.b into s_pages (one

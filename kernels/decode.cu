@@ -259,25 +259,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
         }
     }
     __syncthreads();
-    auto lse2_of = [&](int r) {
-        float mx = -PA_INF;
-        for (int y = 0; y < BDY; y++) mx = fmaxf(mx, sm_ml[(r * BDY + y) * 2]);
-        if (mx == -PA_INF) return -PA_INF;
-        float l = 0.f;
-        for (int y = 0; y < BDY; y++) l += sm_ml[(r * BDY + y) * 2 + 1] * pa_exp2(sm_ml[(r * BDY + y) * 2] - mx);
-        return mx + pa_log2(l);
-    };
+    auto lse2_of = [&](int r) { return pa_merged_lse2(sm_ml, BDY, r); };
     auto o_of = [&](int r, int d) {
-        float mx = -PA_INF;
-        for (int y = 0; y < BDY; y++) mx = fmaxf(mx, sm_ml[(r * BDY + y) * 2]);
-        if (mx == -PA_INF) return 0.f;
-        float l = 0.f, acc = 0.f;
-        for (int y = 0; y < BDY; y++) {
-            const float wt = pa_exp2(sm_ml[(r * BDY + y) * 2] - mx);
-            l += sm_ml[(r * BDY + y) * 2 + 1] * wt;
-            acc += sm_o[(r * BDY + y) * D + d] * wt;
-        }
-        return acc / l;
+        return pa_merged_o(sm_ml, BDY, r, [&](int y) { return sm_o[(r * BDY + y) * D + d]; });
     };
     pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
 }

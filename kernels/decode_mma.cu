@@ -219,15 +219,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
                 const int tok = w.k0 + rs * T + tid;
                 if (tok < w.k1) {
                     const int hk = (s_unit[rj] % p.head_tiles) / tiles_per_group;
-                    const i64 head_bytes = (i64)hk * D * 2;
-                    if (PA_PAGE == -1) {
-                        off = ((i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride) * 2 + head_bytes;
-                    } else {
-                        const int pg = tok / ps;
-                        off = ((i64)pages_of(rj)[pg - w.k0 / ps] * p.page_stride + (i64)(tok - pg * ps) * p.row_stride) *
-                                  2 +
-                              head_bytes;
-                    }
+                    const int page = PA_PAGE == -1 ? 0 : pages_of(rj)[tok / ps - w.k0 / ps];
+                    off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
                 }
             }
             s_rowoff[(G & 1) * T + tid] = off;
@@ -499,26 +492,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             sm_ml[((g + 8) * NWARPS + warp) * 2 + 1] = l1;
         }
         __syncthreads();
-        auto lse2_of = [&](int r) {
-            float mx = -PA_INF;
-            for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
-            if (mx == -PA_INF) return -PA_INF;
-            float l = 0.f;
-            for (int y = 0; y < NWARPS; y++)
-                l += sm_ml[(r * NWARPS + y) * 2 + 1] * pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
-            return mx + pa_log2(l);
-        };
+        auto lse2_of = [&](int r) { return pa_merged_lse2(sm_ml, NWARPS, r); };
         auto o_of = [&](int r, int d) {
-            float mx = -PA_INF;
-            for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
-            if (mx == -PA_INF) return 0.f;
-            float l = 0.f, acc = 0.f;
-            for (int y = 0; y < NWARPS; y++) {
-                const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
-                l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
-                acc += sm_o[(y * 16 + r) * D + d] * wt;
-            }
-            return acc / l;
+            return pa_merged_o(sm_ml, NWARPS, r, [&](int y) { return sm_o[(y * 16 + r) * D + d]; });
         };
         pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
         if (!PERSIST || s_unit[j ^ 1] < 0) break;

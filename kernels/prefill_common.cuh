@@ -65,16 +65,6 @@ __device__ void pa_prefill_load_q(const pa_attn_params &p, const pa_work &w, int
     }
 }
 
-/* Absolute byte offset of key tok's row in either cache (64-bit, from the
- * page id itself: never a difference between pages); head_bytes: the kv
- * head's offset within a row. PAGE == -1: contiguous caches. */
-template <int PAGE>
-PA_DEV i64 pa_key_offset(const pa_attn_params &p, const pa_work &w, int tok, int page, int ps, i64 head_bytes) {
-    const i64 row = PAGE == -1 ? (i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride
-                               : (i64)page * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride;
-    return row * 2 + head_bytes;
-}
-
 /* A lane's two rows (R0 = its warp's first row + g, R1 = R0 + 8) and the
  * running softmax state. Scores become base-2 exponents: x * c2 unless
  * NATURAL (then softcap and ALiBi apply on natural units first, c2 = 1). */

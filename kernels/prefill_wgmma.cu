@@ -182,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_wgmma(const
         else pa_wgmma_wait<0>();
         pa_fence_operands(s);
 
-        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, w.k0 + t * BN, [] {});
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, w.k0 + t * BN);
     };
     int ti0 = 0, ti1 = 0; /* s_wr was written before step 0's barrier (no tiles: no barrier, nothing to read) */
     if (nt > 0) {

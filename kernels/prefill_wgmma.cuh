@@ -59,11 +59,11 @@ PA_DEV void pa_interior_tiles(const int *s_w, int nwarps, int kbase, int bn, int
 
 /* The softmax of the tile whose scores s (keys from kt) have landed, while
  * P V of the previous tile may still run (WITH_PV): P in place of the
- * scores; then, once that P V has retired (after_wait() runs there), O
- * rescaled and P packed into pa for the next P V. */
-template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO, typename F>
+ * scores; then, once that P V has retired, O rescaled and P packed into pa
+ * for the next P V. */
+template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO>
 PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
-                          u32 (&pa)[BN / 16][4], int kt, F after_wait) {
+                          u32 (&pa)[BN / 16][4], int kt) {
     float e0, e1, alpha0, alpha1;
     const bool rescale = pa_softmax_scores<BN / 8, NATURAL, MASK>(p, rs, s, kt, e0, e1, alpha0, alpha1);
     pa_p_exp<BN / 8>(rs, s, e0, e1);
@@ -71,7 +71,6 @@ PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[
         pa_wgmma_wait<0>();
         pa_fence_operands(o);
         pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
-        after_wait();
     }
     if (rescale) pa_rescale_o(o, alpha0, alpha1);
 #pragma unroll

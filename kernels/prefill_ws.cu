@@ -313,8 +313,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         release(&empty_k[st]);
         if constexpr (WITH_PV) release(&empty_v[(t - 1) % PA_STAGES]);
 
-        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, kbase + t * BN,
-                                                                                [] {});
+        pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, kbase + t * BN);
     };
     if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});
     for (int t = 1; t < nt; t++) {

@@ -8,8 +8,11 @@
 -- kernel, the span from the first block's start to the last one's end, the
 -- spread of each phase over the blocks, and how many blocks are active in
 -- each 5 us. (PAGEDATTN_DECODE_KERNEL=mma where another decode kernel is
--- the default.) Session 6 (kernels/NOTES.md): blocks of equal work end up to
--- 20 % apart; each block spends ~4 us before its first stage.
+-- the default.) A persistent block (session 7) has one record over all the
+-- units it ran: its loop phase runs from its first stage to the end of its
+-- last unit's loop (PAGEDATTN_DECODE_PERSIST=0 for one record per unit).
+-- Session 6 (kernels/NOTES.md): blocks of equal work end up to 20 % apart;
+-- each block spends ~4 us before its first stage.
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
@@ -76,7 +79,7 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gm
   for _, r in ipairs(blocks) do sms[r[6]] = (sms[r[6]] or 0) + 1 end
   local nsm = 0
   for _ in pairs(sms) do nsm = nsm + 1 end
-  print(string.format("== %s page 16: event us normal %.1f, trace variant %.1f; blocks %d on %d SMs; nst (stages/block) %d; span (first start -> last end) %.1f us",
+  print(string.format("== %s page 16: event us normal %.1f, trace variant %.1f; blocks %d on %d SMs; stages (block 0) %d; span (first start -> last end) %.1f us",
     wl, tn * 1e6, tt * 1e6, #blocks, nsm, blocks[1][7], (tend - t0) / 1e3))
   local function line(name, a) print(string.format("  %-22s min %7.2f p10 %7.2f p50 %7.2f p90 %7.2f max %7.2f", name, a[1], pct(a, .1), pct(a, .5), pct(a, .9), a[#a])) end
   line("start (us from first)", starts)

@@ -51,6 +51,7 @@ typedef struct kernel_plan {
     int max_chunk;   /* keys one block may take (its page ids must fit); 0: any */
     int gt, q_tile, head_tiles;
     int capacity;    /* blocks resident at once on the whole GPU */
+    int grid_cap;    /* persistent: blocks launched at most (capacity; PAGEDATTN_DECODE_BLOCKS: fewer, specs) */
     bool longest_first; /* order the work items by length, longest first */
     bool no_split;      /* one work item per query tile (the kernel writes out/lse directly) */
     bool tail_splits;   /* more than a wave of tiles: split when that fills the last wave better */
@@ -90,9 +91,8 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
 
 /* The kernel of one kind for a problem whose sequences of that kind have at
  * most max_q queries, with its launch shape. allow_ws: the warp-specialised
- * prefill (it never splits, so the caller asks for it only when the query
- * tiles fill the GPU) or the persistent decode blocks (only when there are
- * more units than blocks) may be chosen. */
+ * prefill or the persistent decode blocks may be chosen (the caller asks for
+ * them only when the query tiles fill the GPU). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
                              int32_t max_q, bool allow_ws, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
@@ -231,6 +231,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s cannot run on this device "
                        "(%d threads, %d bytes of shared memory)", variant, kp->threads, kp->smem);
     kp->capacity = per_sm * impl->sm_count;
+    kp->grid_cap = kp->persistent ? env_int("PAGEDATTN_DECODE_BLOCKS", kp->capacity, 1, kp->capacity) : 0;
     return PA_OK;
 }
 
@@ -452,12 +453,18 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     for (int32_t b = 0; b < p->batch; b++)
         if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind)
             pt->ntiles += (p->h_seqlen_q[b] + qt - 1) / qt;
-    if (pt->kp.ws && !pt->kp.forced && pt->ntiles * pt->kp.head_tiles < pt->kp.capacity) {
-        /* fewer tiles than the GPU holds: the kernel that splits them
-         * (same query tile: ntiles stands) */
+    /* Fewer query tiles than the GPU holds blocks: prefill_ws, which never
+     * splits, gives way to the kernel that splits them over a wave; the
+     * persistent decode blocks to one block per unit, since the split fills
+     * one wave and each block would run one unit (measured ~1 % faster
+     * there, kernels/NOTES.md; guided pieces keep them: many units). The
+     * query tile is the same: ntiles stands. */
+    const int64_t tiles = pt->ntiles * pt->kp.head_tiles;
+    if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
+        (pt->kp.persistent && !pt->kp.guided && tiles <= pt->kp.grid_cap)) {
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
         if (st) return st;
-        if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill query tiles differ");
+        if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }
     pt->tiles = malloc(sizeof *pt->tiles * (size_t)(pt->ntiles ? pt->ntiles : 1));
     if (!pt->tiles) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
@@ -476,14 +483,6 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
         }
     }
     pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
-    if (pt->kp.persistent &&
-        pt->nwork * pt->kp.head_tiles <= env_int("PAGEDATTN_DECODE_BLOCKS", pt->kp.capacity, 1, pt->kp.capacity)) {
-        /* every block would run one unit: one block per unit, without the
-         * persistent loop (measured ~1 % faster there, kernels/NOTES.md) */
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
-        if (st) return st;
-        pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
-    }
     if (pt->nwork * pt->kp.head_tiles > INT32_MAX)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
                        (long long)(pt->nwork * pt->kp.head_tiles));
@@ -664,10 +663,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         if (st) break;
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
         int64_t blocks = parts[i].nwork * kp->head_tiles;
-        if (kp->persistent) { /* each block takes units until none are left; PAGEDATTN_DECODE_BLOCKS: fewer (specs) */
-            const int most = env_int("PAGEDATTN_DECODE_BLOCKS", kp->capacity, 1, kp->capacity);
-            if (blocks > most) blocks = most;
-        }
+        if (kp->persistent && blocks > kp->grid_cap) blocks = kp->grid_cap; /* each takes units until none are left */
         r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1, (unsigned)kp->smem,
                                  impl->stream, args, NULL);
         if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);

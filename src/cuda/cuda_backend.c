@@ -69,20 +69,16 @@ pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdevi
 }
 
 pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdeviceptr *out) {
-    if (n > impl->counters_len) {
-        CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
-        if (impl->counters) pa_cu.cuMemFree(impl->counters);
-        impl->counters = 0;
-        impl->counters_len = 0;
-        size_t len = grow(0, n, 4096); /* entries */
-        CU_TRY(ctx, pa_cu.cuMemAlloc(&impl->counters, len * 4));
-        CUresult r = pa_cu.cuMemsetD32Async(impl->counters, 0, len, impl->stream);
+    if (n * 4 > impl->counters_bytes) {
+        pa_status st = regrow(ctx, impl, &impl->counters, &impl->counters_bytes, n * 4, 4096 * 4, "counters");
+        if (st) return st;
+        CUresult r = pa_cu.cuMemsetD32Async(impl->counters, 0, impl->counters_bytes / 4, impl->stream);
         if (r != CUDA_SUCCESS) {
             pa_cu.cuMemFree(impl->counters);
             impl->counters = 0;
+            impl->counters_bytes = 0;
             return pa_cu_fail(ctx, r, "cuMemsetD32Async(counters)", __FILE__, __LINE__);
         }
-        impl->counters_len = len;
     }
     *out = impl->counters;
     return PA_OK;

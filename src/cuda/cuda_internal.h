@@ -85,7 +85,7 @@ typedef struct cuda_impl {
     CUdeviceptr scratch;
     size_t scratch_bytes;
     CUdeviceptr counters; /* u32 arrival counters, zero between calls */
-    size_t counters_len;
+    size_t counters_bytes;
     /* pinned staging for uploads (attention plans, tensor writes) */
     cuda_staging staging[PA_STAGING_SLOTS];
     int staging_next; /* the slot the next upload takes */
