@@ -120,6 +120,27 @@ template <typename F> PA_DEV float pa_merged_o(const float *ml, int n, int r, F 
     return acc / l;
 }
 
+/* A split's partial rows are written (by every thread of the block): publish
+ * them and count the arrival; the last block of the group combines. */
+template <int DT>
+__device__ void pa_split_arrival(const pa_attn_params &p, const pa_work &w, int rows, int gt, int hk, int g0,
+                                 int head_tile, int *s_flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 *counter = (u32 *)p.counters + w.counter + head_tile;
+        const u32 prev = atomicAdd(counter, 1u);
+        const bool last = prev == (u32)(w.nsplit - 1);
+        if (last) *counter = 0; /* ready for the next call: nobody else touches it now */
+        *s_flag = last;
+    }
+    __syncthreads();
+    if (!*s_flag) return;
+    __threadfence();
+    if (p.head_dim % 4 == 0) pa_combine_splits<DT, 4>(p, w, rows, gt, hk, g0);
+    else pa_combine_splits<DT, 1>(p, w, rows, gt, hk, g0);
+}
+
 /* get_o(r, d): normalised output of row r, element d; get_lse2(r): its
  * log2-sum-exp (-inf when the row saw no key). s_flag: one shared int. */
 template <int DT, typename FO, typename FL>
@@ -146,23 +167,7 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
             if (d == 0) ((float *)p.part_lse)[prow] = get_lse2(r);
         }
     }
-    if (w.nsplit == 1) return;
-
-    /* Publish the partials, count arrivals; the last block combines. */
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32 *counter = (u32 *)p.counters + w.counter + head_tile;
-        const u32 prev = atomicAdd(counter, 1u);
-        const bool last = prev == (u32)(w.nsplit - 1);
-        if (last) *counter = 0; /* ready for the next call: nobody else touches it now */
-        *s_flag = last;
-    }
-    __syncthreads();
-    if (!*s_flag) return;
-    __threadfence();
-    if (D % 4 == 0) pa_combine_splits<DT, 4>(p, w, rows, gt, hk, g0);
-    else pa_combine_splits<DT, 1>(p, w, rows, gt, hk, g0);
+    if (w.nsplit > 1) pa_split_arrival<DT>(p, w, rows, gt, hk, g0, head_tile, s_flag);
 }
 
 /* Absolute byte offset of key tok's row in either cache (64-bit, from the

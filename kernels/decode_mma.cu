@@ -17,8 +17,9 @@
  *    conflict-free), the online softmax in base 2 on the accumulator
  *    fragments, P rounded to the input type as the A operand of O += P V with
  *    m16n8k8 (V by ldmatrix.trans). Accumulation in f32 throughout.
- *  - The warps' states are merged through shared memory; pa_write_rows writes
- *    out/lse or the split's partial and combines the splits (fused).
+ *  - The warps' states are merged through shared memory, one row per warp
+ *    and vector stores, into out/lse or the split's partial;
+ *    pa_split_arrival combines the splits (fused).
  *
  * PA_PERSIST=1 (kernels/NOTES.md, session 7): the blocks stay resident and
  * take units (work item x head tile) from a counter in global memory, so a
@@ -492,11 +493,63 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             sm_ml[((g + 8) * NWARPS + warp) * 2 + 1] = l1;
         }
         __syncthreads();
-        auto lse2_of = [&](int r) { return pa_merged_lse2(sm_ml, NWARPS, r); };
-        auto o_of = [&](int r, int d) {
-            return pa_merged_o(sm_ml, NWARPS, r, [&](int y) { return sm_o[(y * 16 + r) * D + d]; });
-        };
-        pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
+        /* 5. out and lse, or the split's partial: warp y writes rows y, y + 4,
+         * ...; each lane V adjacent elements of a row (one vector store), the
+         * row's weights computed once (the merge of pa_merged_o in the same
+         * order; a per-element loop with run-time divisions took ~1 us per
+         * unit, the copies of the next unit stalled behind it) */
+        constexpr int V = D / 32;
+        const bool vec_out = (p.out & (2 * V - 1)) == 0;
+        for (int r = warp; r < ROWS; r += NWARPS) {
+            const int qi = w.i0 + r / GT, gq = g0 + r % GT;
+            if (qi >= w.seqlen_q || gq >= p.group) continue;
+            const int h = hk * p.group + gq;
+            float mx = -PA_INF;
+#pragma unroll
+            for (int y = 0; y < NWARPS; y++) mx = fmaxf(mx, sm_ml[(r * NWARPS + y) * 2]);
+            float acc[V], l = 0.f;
+#pragma unroll
+            for (int v = 0; v < V; v++) acc[v] = 0.f;
+            if (mx != -PA_INF) {
+#pragma unroll
+                for (int y = 0; y < NWARPS; y++) {
+                    const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
+                    l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
+                    const float *src = sm_o + (y * 16 + r) * D + lane * V;
+                    float x[V];
+                    if constexpr (V == 4) *(float4 *)x = *(const float4 *)src;
+                    else if constexpr (V == 2) *(float2 *)x = *(const float2 *)src;
+                    else
+#pragma unroll
+                        for (int v = 0; v < V; v++) x[v] = src[v];
+#pragma unroll
+                    for (int v = 0; v < V; v++) acc[v] += x[v] * wt;
+                }
+#pragma unroll
+                for (int v = 0; v < V; v++) acc[v] /= l;
+            }
+            const float lse2 = mx == -PA_INF ? -PA_INF : mx + pa_log2(l);
+            if (w.nsplit == 1) {
+                const i64 dst = ((w.q_start + qi) * p.heads + h) * (i64)D + lane * V;
+                if (V == 4 && vec_out) {
+                    *(uint2 *)((u16 *)p.out + dst) = make_uint2(pack2(acc[0], acc[1]), pack2(acc[2 % V], acc[3 % V]));
+                } else if (V == 2 && vec_out) {
+                    *(u32 *)((u16 *)p.out + dst) = pack2(acc[0], acc[1 % V]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < V; v++) pa_elem<PA_DTYPE>::store((void *)p.out, dst + v, acc[v]);
+                }
+                if (lane == 0 && p.lse)
+                    ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = lse2 == -PA_INF ? -PA_INF : lse2 * PA_LN2;
+            } else {
+                const i64 prow = (w.part_row + (i64)w.split * w.seqlen_q + qi) * p.heads + h;
+                float *dst = (float *)p.part_o + prow * D + lane * V;
+#pragma unroll
+                for (int v = 0; v < V; v++) dst[v] = acc[v];
+                if (lane == 0) ((float *)p.part_lse)[prow] = lse2;
+            }
+        }
+        if (w.nsplit > 1) pa_split_arrival<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, &s_flag);
         if (!PERSIST || s_unit[j ^ 1] < 0) break;
         __syncthreads(); /* the merge area, s_ml and this slot are free */
         j ^= 1;

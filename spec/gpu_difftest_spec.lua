@@ -45,6 +45,14 @@ describe("#gpu CUDA against the float64 reference", function()
     end)
   end)
 
+  it("#gpu decode on tensor cores at head dims 32 and 96 (one and three output elements per lane)", function()
+    run_cases("gpu decode d32 d96", H.scale(20), function(rng)
+      return { mode = "decode", dtype = rng:int(1, 2) == 1 and "f16" or "bf16", D = ({ 32, 96 })[rng:int(1, 2)],
+        group = ({ 1, 4, 8 })[rng:int(1, 3)], page_size = ({ 0, 1, 16 })[rng:int(1, 3)], B = rng:int(1, 9),
+        max_keys = rng:int(1, 6) * 150 }
+    end)
+  end)
+
   it("#gpu reading only (no append), with duplicate pages, many queries", function()
     run_cases("gpu read", H.scale(30), function(rng)
       return { mode = "read", page_size = ({ 1, 3, 16, 256 })[rng:int(1, 4)], duplicates = true }

@@ -98,6 +98,39 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gm
     end
   end
   print("  active blocks per 5 us: " .. table.concat(bins, " "))
+  -- who ends late: by kv head (blockIdx % 8: one block per unit, head tile =
+  -- kv head at 32 / 8 heads) and by SM (both blocks of an SM alike?)
+  local byh, bysm = {}, {}
+  for _, r in ipairs(blocks) do
+    local e = (r[5] - t0) / 1e3
+    local h = r[8] % HK
+    byh[h] = byh[h] or {}
+    table.insert(byh[h], e)
+    bysm[r[6]] = bysm[r[6]] or {}
+    table.insert(bysm[r[6]], e)
+  end
+  local hs = {}
+  for h = 0, HK - 1 do
+    local a = byh[h] or {}
+    local s = 0
+    for _, e in ipairs(a) do s = s + e end
+    hs[#hs + 1] = string.format("%d:%.1f", h, #a > 0 and s / #a or 0)
+  end
+  print("  mean end by kv head: " .. table.concat(hs, " "))
+  local sml, pairs_n, diff = {}, 0, 0
+  for sm, a in pairs(bysm) do
+    table.sort(a)
+    local s = 0
+    for _, e in ipairs(a) do s = s + e end
+    sml[#sml + 1] = { sm = sm, mean = s / #a, n = #a, a = a }
+    if #a == 2 then pairs_n, diff = pairs_n + 1, diff + (a[2] - a[1]) end
+  end
+  table.sort(sml, function(x, y) return x.mean < y.mean end)
+  local parts = {}
+  for _, x in ipairs(sml) do parts[#parts + 1] = string.format("%d:%.0f%s", x.sm, x.mean, x.n == 1 and "*" or "") end
+  print(string.format("  SMs by mean end (sm:us, * one block); mean |difference| of an SM's two blocks %.1f us over %d SMs",
+    pairs_n > 0 and diff / pairs_n or 0, pairs_n))
+  print("    " .. table.concat(parts, " "))
   kc, vc, bt, q, out = nil, nil, nil, nil, nil
   collectgarbage(); collectgarbage()
 end
