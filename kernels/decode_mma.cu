@@ -480,11 +480,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         l1 = pa_quad_sum(l1);
         float *sm_o = (float *)(PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
         float *sm_ml = s_ml;
+        /* (only the ROWS real rows of the 16: at ROWS 4, a quarter of the stores) */
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int col = n * 8 + 2 * t4;
-            *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
-            *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+            if (g < ROWS) *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
+            if (g + 8 < ROWS) *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
         }
         if (t4 == 0) {
             sm_ml[(g * NWARPS + warp) * 2] = m0;
