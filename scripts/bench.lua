@@ -176,16 +176,22 @@ for b, l in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("(%d+)x
   page16_workloads[#page16_workloads + 1] = extra_workloads[#extra_workloads]
 end
 
-local function decode(B, L, page, label)
+-- One decode call of B sequences x L keys at `page` (its tensors live as
+-- long as the function).
+local function decode_call(B, L, page)
   local kc, vc, bt = make_cache(B, L, page)
   local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
   local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
   local opts = { block_table = bt, cache_seqlens = L, out = out }
-  local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+  return function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+end
+
+local function decode(B, L, page, label)
+  local call = decode_call(B, L, page)
   local k, w = time_calls(call, iters)
   local bytes = 2 * B * L * HK * D * ESZ
   decode_row(string.format("decode %dx%d%s", B, L, label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
-  kc, vc, bt, q, out = nil, nil, nil, nil, nil
+  call = nil
   collectgarbage()
   collectgarbage()
 end
@@ -222,14 +228,10 @@ end
 -- point measured later in every run (kernels/NOTES.md, session 8), the
 -- device still settling after the sustained matmul.
 local function settle(B, L, page, seconds)
-  local kc, vc, bt = make_cache(B, L, page)
-  local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
-  local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
-  local opts = { block_table = bt, cache_seqlens = L, out = out }
+  local call = decode_call(B, L, page)
   local t0 = pa.clock()
-  repeat loop_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, 20)
-  until pa.clock() - t0 >= seconds
-  kc, vc, bt, q, out = nil, nil, nil, nil, nil
+  repeat loop_calls(call, 20) until pa.clock() - t0 >= seconds
+  call = nil
   collectgarbage()
   collectgarbage()
 end
