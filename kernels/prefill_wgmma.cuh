@@ -88,5 +88,60 @@ PA_DEV void pa_wg_pv_last(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32
     pa_fence_operands(o);
 }
 
+/* A warpgroup's own epilogue, from its registers (no block barrier, no f32
+ * staging): its 64 rows of O, normalised and rounded to the input type, into
+ * the swizzled tile at smem (BM rows, the Q tile's layout: the warpgroup's
+ * own Q rows are free once its last S has completed), and their lse straight
+ * to global memory. The warpgroup then syncs and pa_write_rows_swz copies
+ * the rows out. Rows as pa_write_rows_single. */
+template <int D, int BM, int GT>
+PA_DEV void pa_stage_rows_swz(const pa_attn_params &p, const pa_work &w, int hk, int g0, pa_lane_rows &r,
+                              const float (&o)[D / 8][4], int R0, u8 *smem) {
+    constexpr int ROWS = BM / GT * GT;
+    const int t4 = (threadIdx.x & 31) & 3, R1 = R0 + 8;
+    r.l0 = pa_quad_sum(r.l0);
+    r.l1 = pa_quad_sum(r.l1);
+    const float inv0 = r.l0 > 0.f ? 1.f / r.l0 : 0.f, inv1 = r.l1 > 0.f ? 1.f / r.l1 : 0.f;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) { /* chunk n of each row: bytes 4 t4 .. 4 t4 + 3 */
+        *(u32 *)(smem + pa_swz(BM, R0, n) + 4 * t4) = pack2(o[n][0] * inv0, o[n][1] * inv0);
+        *(u32 *)(smem + pa_swz(BM, R1, n) + 4 * t4) = pack2(o[n][2] * inv1, o[n][3] * inv1);
+    }
+    if (t4 == 0 && p.lse) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int R = k ? R1 : R0, qi = w.i0 + R / GT;
+            if (R >= ROWS || qi >= w.seqlen_q) continue;
+            const float m = k ? r.m1 : r.m0, l = k ? r.l1 : r.l0;
+            const int h = hk * p.group + g0 + R % GT;
+            ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] =
+                m == -PA_INF ? -PA_INF : (m * r.c2 + pa_log2(l)) * PA_LN2;
+        }
+    }
+}
+
+/* Rows r0 .. r0 + nrows - 1 of the swizzled tile at smem (pa_stage_rows_swz)
+ * to out, by threads tid = 0 .. nthr - 1: one 16-byte chunk per store where
+ * out is aligned, else element by element. */
+template <int D, int BM, int GT>
+PA_DEV void pa_write_rows_swz(const pa_attn_params &p, const pa_work &w, int hk, int g0, const u8 *smem, int r0,
+                              int nrows, int tid, int nthr) {
+    constexpr int C = D / 8, ROWS = BM / GT * GT;
+    const bool vec = (p.out & 15) == 0;
+    for (int e = tid; e < nrows * C; e += nthr) {
+        const int r = r0 + e / C, c = e % C, qi = w.i0 + r / GT;
+        if (r >= ROWS || qi >= w.seqlen_q) continue;
+        const i64 dst = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
+        const uint4 v = *(const uint4 *)(smem + pa_swz(BM, r, c));
+        if (vec) {
+            *(uint4 *)((u16 *)p.out + dst) = v;
+        } else {
+            const u32 x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 8; j++) ((u16 *)p.out)[dst + j] = (u16)(x[j / 2] >> (16 * (j % 2)));
+        }
+    }
+}
+
 #endif /* PA_EMBED_ONLY */
 #endif /* PA_PREFILL_WGMMA_CUH */

@@ -43,7 +43,7 @@ namespace {
 constexpr int D = PA_D;
 constexpr int BM = 128, NTHREADS = 384;  /* producer + two consumers of 64 rows */
 constexpr int BN = D <= 128 ? 128 : 64;  /* keys per tile */
-constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
+constexpr int GT = PA_GT, QT = BM / GT;
 constexpr int CPR = D / 8;               /* 16-byte chunks per row */
 constexpr int TPR = 128 / BN;            /* producer threads per row of a tile */
 constexpr int Q_BYTES = BM * D * 2;
@@ -52,9 +52,7 @@ constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
  * contiguous cache); tiles start at a multiple of it (keys before k0 masked) */
 constexpr int TMA_ROWS = PA_PAGE == -1 || PA_PAGE >= BN ? BN : PA_PAGE;
 constexpr int KALIGN = PA_TMA && PA_PAGE > 0 ? TMA_ROWS : 1;
-constexpr int OSTRIDE = D + 4;
-constexpr int SMEM = 1024 /* alignment */ +
-                     pa_cmax(Q_BYTES + 2 * PA_STAGES * KV_BYTES, BM * OSTRIDE * 4 + BM * 4);
+constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES;
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -133,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     const int head_tile = blockIdx.x % p.head_tiles;
     if (tid == 0) {
         s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
-        mbar_init(&bar_q, 128);
+        mbar_init(&bar_q, PA_TMA ? 96 : 128); /* TMA: warps 1-3 load Q, warp 0 issues K/V at once */
         for (int s = 0; s < PA_STAGES; s++) {
             mbar_init(&full_k[s], PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
             mbar_init(&full_v[s], PA_TMA ? 1 : 128);
@@ -157,21 +155,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         /* ---- producer ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
         const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
-        /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored */
-        pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid, 128, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
-        if (p.q_f32) {
-            pa_fence_proxy_async(); /* the stores -> the consumers' wgmma (async proxy), as prefill_wgmma.cu does */
-            mbar_arrive(&bar_q);    /* release: the stores above */
-        } else {
-            mbar_arrive_cp_async(&bar_q);
-        }
+        /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored;
+         * with TMA by warps 1-3 only, so that warp 0's first page ids and
+         * boxes do not queue behind Q's copies (the first tile's K landed
+         * ~3 us after the roles part, kernels/NOTES.md session 9) */
+        auto load_q = [&](int t0, int nthr) {
+            pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, t0, nthr, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
+            if (p.q_f32) {
+                pa_fence_proxy_async(); /* the stores -> the consumers' wgmma (async proxy), as prefill_wgmma.cu does */
+                mbar_arrive(&bar_q);    /* release: the stores above */
+            } else {
+                mbar_arrive_cp_async(&bar_q);
+            }
+        };
 
 #if PA_TMA
         /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
          * columns; the warp zeroes the last tile's V rows past
          * k1 (a page's tail, or pages never loaded: P is 0 there, but 0 x a
-         * NaN left in memory would not be). Warps 1-3 are done with Q. */
+         * NaN left in memory would not be). */
         if (tid >= 32) {
+            load_q(tid - 32, 96);
             pa_cp_async_wait<0>();
             return;
         }
@@ -223,9 +227,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             }
             row = next;
         }
-        pa_cp_async_wait<0>(); /* Q's copies */
         return;
 #else
+        load_q(tid, 128);
         const int row = tid / TPR, sub = tid % TPR;
         const i64 head_bytes = (i64)hk * D * 2;
         auto page_of = [&](int t) {
@@ -321,20 +325,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         if (D <= 128 && t >= ti0 && t < ti1) step(t, pa_bool<true>{}, pa_bool<false>{});
         else step(t, pa_bool<true>{}, pa_bool<true>{});
     }
-    if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async();
         pa_wg_pv_last<D, BN>(o, pa, v_tile(nt - 1));
     }
 
-    /* epilogue: both consumers are past their last tile, every copy has
-     * landed (each was waited for), so the tiles' memory is free */
-    consumers_sync();
-    float *s_o = (float *)smem, *s_lse2 = s_o + BM * OSTRIDE;
-    pa_stage_rows<D / 8>(rs, o, R0, s_o, OSTRIDE, s_lse2);
-    consumers_sync();
-    pa_write_rows_single<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, s_o, OSTRIDE, s_lse2, ctid, 256);
+    /* epilogue, each consumer on its own (consumer 0's under consumer 1's
+     * last products): its rows of O rounded into its own rows of the Q tile
+     * (free: its last S has completed), then out from there */
+    pa_stage_rows_swz<D, BM, GT>(p, w, hk, g0, rs, o, R0, smem);
+    if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+    else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+    pa_write_rows_swz<D, BM, GT>(p, w, hk, g0, smem, cw * 64, 64, ctid & 127, 128);
+    if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
 #endif
 }
 
