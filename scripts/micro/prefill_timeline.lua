@@ -10,8 +10,8 @@
 -- kernel, then the spread over the blocks of each phase:
 --   T0 start, T1 roles part (work item read, rows), T2 producer issued tile
 --   0's K boxes, T3 consumer 0 has Q, T4 consumer 0 has K(0), T5 / T6
---   consumer 0 / 1 past their loop, T8 / T7 consumer 0 / 1 has written its
---   rows (last P V and epilogue), T14 both have (the block's end);
+--   consumer 0 / 1 past their loop, T15 consumer 0 past its last P V, T8 /
+--   T7 consumer 0 / 1 has written its rows, T14 both have (the block's end);
 -- the gap on each SM between a block's T14 and the next block's T0, and the
 -- per-block cost c from a fit of T14 - T0 against the tiles the block ran.
 local ffi = require "ffi"
@@ -62,9 +62,9 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "4x2048,1x8192,4x1024+8192"):gmatch("
   for b = 0, B - 1 do
     for i0 = 0, S - 1, QT do
       for hk = 0, HK - 1 do
-        local v = out:to_table(((b * S + i0) * H + hk * (H / HK)) * D, 15 * 8)
+        local v = out:to_table(((b * S + i0) * H + hk * (H / HK)) * D, 16 * 8)
         local rec = {}
-        for k = 0, 14 do
+        for k = 0, 15 do
           local x = 0
           for j = 7, 0, -1 do x = x * 256 + v[k * 8 + j + 1] end
           rec[k] = x
@@ -101,7 +101,8 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "4x2048,1x8192,4x1024+8192"):gmatch("
   phase("K(0) at consumer T4-T1", 1, 4)
   phase("loop c0 T5-T4", 4, 5)
   phase("c1 after c0 T6-T5", 5, 6)
-  phase("c0 last P V + rows T8-T5", 5, 8)
+  phase("c0 last P V T15-T5", 5, 15)
+  phase("c0 rows T8-T15", 15, 8)
   phase("c1 last P V + rows T7-T6", 6, 7)
   phase("end after c1 T14-T7", 7, 14)
   phase("block T14-T0", 0, 14)
