@@ -120,23 +120,30 @@ PA_DEV void pa_stage_rows_swz(const pa_attn_params &p, const pa_work &w, int hk,
     }
 }
 
-/* Rows r0 .. r0 + nrows - 1 of the swizzled tile at smem (pa_stage_rows_swz)
- * to out, by threads tid = 0 .. nthr - 1: one 16-byte chunk per store where
- * out is aligned, else element by element. */
-template <int D, int BM, int GT>
+/* Rows r0 .. r0 + NROWS - 1 of the swizzled tile at smem (pa_stage_rows_swz)
+ * to out, by threads tid = 0 .. NTHR - 1: every chunk read first, then one
+ * 16-byte store each where out is aligned, else element by element. */
+template <int D, int BM, int GT, int NROWS, int NTHR>
 PA_DEV void pa_write_rows_swz(const pa_attn_params &p, const pa_work &w, int hk, int g0, const u8 *smem, int r0,
-                              int nrows, int tid, int nthr) {
-    constexpr int C = D / 8, ROWS = BM / GT * GT;
+                              int tid) {
+    constexpr int C = D / 8, ROWS = BM / GT * GT, PER = NROWS * C / NTHR;
+    static_assert(NROWS * C % NTHR == 0, "whole chunks per thread");
     const bool vec = (p.out & 15) == 0;
-    for (int e = tid; e < nrows * C; e += nthr) {
-        const int r = r0 + e / C, c = e % C, qi = w.i0 + r / GT;
+    uint4 v[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = tid + i * NTHR;
+        v[i] = *(const uint4 *)(smem + pa_swz(BM, r0 + e / C, e % C));
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = tid + i * NTHR, r = r0 + e / C, c = e % C, qi = w.i0 + r / GT;
         if (r >= ROWS || qi >= w.seqlen_q) continue;
         const i64 dst = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
-        const uint4 v = *(const uint4 *)(smem + pa_swz(BM, r, c));
         if (vec) {
-            *(uint4 *)((u16 *)p.out + dst) = v;
+            *(uint4 *)((u16 *)p.out + dst) = v[i];
         } else {
-            const u32 x[4] = {v.x, v.y, v.z, v.w};
+            const u32 x[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
             for (int j = 0; j < 8; j++) ((u16 *)p.out)[dst + j] = (u16)(x[j / 2] >> (16 * (j % 2)));
         }

@@ -337,7 +337,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_stage_rows_swz<D, BM, GT>(p, w, hk, g0, rs, o, R0, smem);
     if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
     else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    pa_write_rows_swz<D, BM, GT>(p, w, hk, g0, smem, cw * 64, 64, ctid & 127, 128);
+    pa_write_rows_swz<D, BM, GT, 64, 128>(p, w, hk, g0, smem, cw * 64, ctid & 127);
     if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
 #endif
 }
