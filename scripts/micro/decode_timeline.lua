@@ -13,26 +13,11 @@
 -- last unit's loop (PAGEDATTN_DECODE_PERSIST=0 for one record per unit).
 -- Session 6 (kernels/NOTES.md): blocks of equal work end up to 20 % apart;
 -- each block spends ~4 us before its first stage.
-local ffi = require "ffi"
 local pa = require "pagedattn"
-local core = require "pagedattn.core"
 local sweep = require "pagedattn.sweep"
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-local dev = assert(pa.device("cuda"))
-local C, ctx = core.C, core.ctx
-local secs = ffi.new("double[1]")
+local trace = require "scripts.micro.trace"
+local dev, pct = trace.dev, trace.pct
 local H, HK, D = 32, 8, 128
-local dir = os.getenv("TRACE_DIR") or error("TRACE_DIR: the patched kernel directory (see the top of this file)")
-local function evt_time(call, n)
-  assert(C.pa_device_timing(ctx, dev.handle, 1) == 0)
-  for _ = 1, 3 do call() end
-  local t = {}
-  for i = 1, n do call(); assert(C.pa_device_timing_last(ctx, dev.handle, secs) == 0); t[i] = secs[0] end
-  assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
-  table.sort(t)
-  return t[math.floor(n / 2) + 1]
-end
-local function pct(a, p) return a[math.max(1, math.min(#a, math.floor(p * #a + 0.5)))] end
 for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gmatch("(%d+x%d+)") do
   local B, L = wl:match("(%d+)x(%d+)"); B, L = tonumber(B), tonumber(L)
   local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, 16, "bf16")
@@ -40,24 +25,13 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gm
   local out = assert(pa.tensor({ B, 1, H, D }, "bf16", dev))
   local opts = { block_table = bt, cache_seqlens = L, out = out }
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
-  local tn = evt_time(call, 21)
-  ffi.C.setenv("PAGEDATTN_KERNEL_DIR", dir, 1)
-  local tt = evt_time(call, 21)
-  out:fill(0)
-  dev:synchronize()
-  call()
-  dev:synchronize()
-  ffi.C.unsetenv("PAGEDATTN_KERNEL_DIR")
+  local tn, tt = trace.run(call, out, 21)
   local n = math.min(out.numel, 64 * 8192)
   local v = out:to_table(0, n)
   local blocks = {}
   for b = 0, n / 64 - 1 do
     local rec = {}
-    for k = 0, 7 do
-      local x = 0
-      for j = 7, 0, -1 do x = x * 256 + v[b * 64 + k * 8 + j + 1] end
-      rec[k + 1] = x
-    end
+    for k = 0, 7 do rec[k + 1] = trace.u64(v, b * 64 + k * 8) end
     if rec[1] == 0 then break end
     blocks[#blocks + 1] = rec
   end

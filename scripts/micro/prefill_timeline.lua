@@ -14,26 +14,11 @@
 --   T7 consumer 0 / 1 has written its rows, T14 both have (the block's end);
 -- the gap on each SM between a block's T14 and the next block's T0, and the
 -- per-block cost c from a fit of T14 - T0 against the tiles the block ran.
-local ffi = require "ffi"
 local pa = require "pagedattn"
-local core = require "pagedattn.core"
 local sweep = require "pagedattn.sweep"
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-local dev = assert(pa.device("cuda"))
-local C, ctx = core.C, core.ctx
-local secs = ffi.new("double[1]")
+local trace = require "scripts.micro.trace"
+local dev, pct = trace.dev, trace.pct
 local H, HK, D, QT = 32, 8, 128, 32
-local dir = os.getenv("TRACE_DIR") or error("TRACE_DIR: the patched kernel directory (see the top of this file)")
-local function evt_time(call, n)
-  assert(C.pa_device_timing(ctx, dev.handle, 1) == 0)
-  for _ = 1, 3 do call() end
-  local t = {}
-  for i = 1, n do call(); assert(C.pa_device_timing_last(ctx, dev.handle, secs) == 0); t[i] = secs[0] end
-  assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
-  table.sort(t)
-  return t[math.floor(n / 2) + 1]
-end
-local function pct(a, p) return a[math.max(1, math.min(#a, math.floor(p * #a + 0.5)))] end
 local function line(name, a)
   table.sort(a)
   local s = 0
@@ -50,25 +35,14 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "4x2048,1x8192,4x1024+8192"):gmatch("
   local out = assert(pa.tensor({ B, S, H, D }, "bf16", dev))
   local opts = { block_table = bt, cache_seqlens = Sk, out = out, causal = true }
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
-  local tn = evt_time(call, 11)
-  ffi.C.setenv("PAGEDATTN_KERNEL_DIR", dir, 1)
-  local tt = evt_time(call, 11)
-  out:fill(0)
-  dev:synchronize()
-  call()
-  dev:synchronize()
-  ffi.C.unsetenv("PAGEDATTN_KERNEL_DIR")
+  local tn, tt = trace.run(call, out, 11)
   local recs = {}
   for b = 0, B - 1 do
     for i0 = 0, S - 1, QT do
       for hk = 0, HK - 1 do
         local v = out:to_table(((b * S + i0) * H + hk * (H / HK)) * D, 16 * 8)
         local rec = {}
-        for k = 0, 15 do
-          local x = 0
-          for j = 7, 0, -1 do x = x * 256 + v[k * 8 + j + 1] end
-          rec[k] = x
-        end
+        for k = 0, 15 do rec[k] = trace.u64(v, k * 8) end
         assert(rec[12] == b and rec[13] == i0, "trace record out of place: is TRACE_DIR the patched kernel?")
         recs[#recs + 1] = rec
       end
