@@ -157,8 +157,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
         /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored;
          * with TMA by warps 1-3 only, so that warp 0's first page ids and
-         * boxes do not queue behind Q's copies (the first tile's K landed
-         * ~3 us after the roles part, kernels/NOTES.md session 9) */
+         * boxes do not queue behind Q's copies (they were issued 2.7 us after
+         * the roles part, now 1.0; kernels/NOTES.md session 9) */
         auto load_q = [&](int t0, int nthr) {
             pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, t0, nthr, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
             if (p.q_f32) {
