@@ -32,6 +32,12 @@ PA_DEV float pa_quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* lse of row (query qi, head h) of a work item's output from its
+ * log2-sum-exp l2 (-inf: the row saw no key), in natural units. */
+PA_DEV void pa_store_lse(const pa_attn_params &p, const pa_work &w, int h, int qi, float l2) {
+    ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
+}
+
 /* Up to 4 floats through L2 only (data another block wrote) */
 template <int V> PA_DEV void pa_ld_cg_v(const float *p, float (&x)[V]) {
     if constexpr (V == 4) {
@@ -90,8 +96,7 @@ __device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int
         const i64 out0 = ((w.q_start + qi) * H + h) * (i64)D + d;
 #pragma unroll
         for (int i = 0; i < V; i++) pa_elem<DT>::store((void *)p.out, out0 + i, l > 0.f ? acc[i] / l : 0.f);
-        if (d == 0 && p.lse)
-            ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l > 0.f ? (m + pa_log2(l)) * PA_LN2 : -PA_INF;
+        if (d == 0 && p.lse) pa_store_lse(p, w, h, qi, l > 0.f ? m + pa_log2(l) : -PA_INF);
     }
 }
 
@@ -156,11 +161,7 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
         const float o = get_o(r, d);
         if (w.nsplit == 1) {
             pa_elem<DT>::store((void *)p.out, ((w.q_start + qi) * H + h) * (i64)D + d, o);
-            if (d == 0 && p.lse) {
-                const float l2 = get_lse2(r);
-                ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] =
-                    l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
-            }
+            if (d == 0 && p.lse) pa_store_lse(p, w, h, qi, get_lse2(r));
         } else {
             const i64 prow = (w.part_row + (i64)w.split * w.seqlen_q + qi) * H + h;
             ((float *)p.part_o)[prow * D + d] = o;

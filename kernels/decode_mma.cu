@@ -540,8 +540,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
 #pragma unroll
                     for (int v = 0; v < V; v++) pa_elem<PA_DTYPE>::store((void *)p.out, dst + v, acc[v]);
                 }
-                if (lane == 0 && p.lse)
-                    ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = lse2 == -PA_INF ? -PA_INF : lse2 * PA_LN2;
+                if (lane == 0 && p.lse) pa_store_lse(p, w, h, qi, lse2);
             } else {
                 const i64 prow = (w.part_row + (i64)w.split * w.seqlen_q + qi) * p.heads + h;
                 float *dst = (float *)p.part_o + prow * D + lane * V;

@@ -223,14 +223,27 @@ PA_DEV void pa_p_fragment(pa_lane_rows &r, const float (&s)[NG][4], int ks, floa
     a[3] = pack2(pr[1][2], pr[1][3]);
 }
 
+/* The epilogue's start: the lane's row sums completed over its quad, and
+ * the factors that normalise its rows of O (0 for a row that saw no key). */
+PA_DEV void pa_lane_rows_end(pa_lane_rows &r, float &inv0, float &inv1) {
+    r.l0 = pa_quad_sum(r.l0);
+    r.l1 = pa_quad_sum(r.l1);
+    inv0 = r.l0 > 0.f ? 1.f / r.l0 : 0.f;
+    inv1 = r.l1 > 0.f ? 1.f / r.l1 : 0.f;
+}
+/* Then the log2-sum-exp of row R0 (k = 0) or R0 + 8 (k = 1); -inf: no key. */
+PA_DEV float pa_lane_lse2(const pa_lane_rows &r, int k) {
+    const float m = k ? r.m1 : r.m0;
+    return m == -PA_INF ? -PA_INF : m * r.c2 + pa_log2(k ? r.l1 : r.l0);
+}
+
 /* Epilogue: the lane's rows of O, normalised, into s_o (f32, row stride
  * ostride) and their log2-sum-exp into s_lse2 (-inf: no key). */
 template <int NO>
 PA_DEV void pa_stage_rows(pa_lane_rows &r, const float (&o)[NO][4], int R0, float *s_o, int ostride, float *s_lse2) {
     const int t4 = (threadIdx.x & 31) & 3, R1 = R0 + 8;
-    r.l0 = pa_quad_sum(r.l0);
-    r.l1 = pa_quad_sum(r.l1);
-    const float inv0 = r.l0 > 0.f ? 1.f / r.l0 : 0.f, inv1 = r.l1 > 0.f ? 1.f / r.l1 : 0.f;
+    float inv0, inv1;
+    pa_lane_rows_end(r, inv0, inv1);
 #pragma unroll
     for (int n = 0; n < NO; n++) {
         const int col = n * 8 + 2 * t4;
@@ -238,8 +251,8 @@ PA_DEV void pa_stage_rows(pa_lane_rows &r, const float (&o)[NO][4], int R0, floa
         *(float2 *)(s_o + R1 * ostride + col) = make_float2(o[n][2] * inv1, o[n][3] * inv1);
     }
     if (t4 == 0) {
-        s_lse2[R0] = r.m0 == -PA_INF ? -PA_INF : r.m0 * r.c2 + pa_log2(r.l0);
-        s_lse2[R1] = r.m1 == -PA_INF ? -PA_INF : r.m1 * r.c2 + pa_log2(r.l1);
+        s_lse2[R0] = pa_lane_lse2(r, 0);
+        s_lse2[R1] = pa_lane_lse2(r, 1);
     }
 }
 
@@ -267,10 +280,7 @@ __device__ void pa_write_rows_single(const pa_attn_params &p, const pa_work &w, 
 #pragma unroll
             for (int j = 0; j < 8; j++) pa_elem<DT>::store((void *)p.out, dst + j, src[j]);
         }
-        if (c == 0 && p.lse) {
-            const float l2 = s_lse2[r];
-            ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
-        }
+        if (c == 0 && p.lse) pa_store_lse(p, w, h, qi, s_lse2[r]);
     }
 }
 

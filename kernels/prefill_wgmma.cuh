@@ -99,9 +99,8 @@ PA_DEV void pa_stage_rows_swz(const pa_attn_params &p, const pa_work &w, int hk,
                               const float (&o)[D / 8][4], int R0, u8 *smem) {
     constexpr int ROWS = BM / GT * GT;
     const int t4 = (threadIdx.x & 31) & 3, R1 = R0 + 8;
-    r.l0 = pa_quad_sum(r.l0);
-    r.l1 = pa_quad_sum(r.l1);
-    const float inv0 = r.l0 > 0.f ? 1.f / r.l0 : 0.f, inv1 = r.l1 > 0.f ? 1.f / r.l1 : 0.f;
+    float inv0, inv1;
+    pa_lane_rows_end(r, inv0, inv1);
 #pragma unroll
     for (int n = 0; n < D / 8; n++) { /* chunk n of each row: bytes 4 t4 .. 4 t4 + 3 */
         *(u32 *)(smem + pa_swz(BM, R0, n) + 4 * t4) = pack2(o[n][0] * inv0, o[n][1] * inv0);
@@ -112,10 +111,7 @@ PA_DEV void pa_stage_rows_swz(const pa_attn_params &p, const pa_work &w, int hk,
         for (int k = 0; k < 2; k++) {
             const int R = k ? R1 : R0, qi = w.i0 + R / GT;
             if (R >= ROWS || qi >= w.seqlen_q) continue;
-            const float m = k ? r.m1 : r.m0, l = k ? r.l1 : r.l0;
-            const int h = hk * p.group + g0 + R % GT;
-            ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] =
-                m == -PA_INF ? -PA_INF : (m * r.c2 + pa_log2(l)) * PA_LN2;
+            pa_store_lse(p, w, hk * p.group + g0 + R % GT, qi, pa_lane_lse2(r, k));
         }
     }
 }

@@ -286,10 +286,8 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         ALIGN_UP(env_int("PAGEDATTN_DECODE_MIN_CHUNK", kp->persistent ? 512 : 256, 1, INT32_MAX), kp->tokens);
     const int64_t gdiv = (int64_t)env_int("PAGEDATTN_DECODE_GUIDE", 2, 1, 64) * kp->capacity;
     int64_t guide_left = total_len * kp->head_tiles;
-    if (guided) {
-        /* (the pieces below) */
-    } else if (p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
-        ntiles * kp->head_tiles < kp->capacity) {
+    if (!guided && p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
+        ntiles * kp->head_tiles < kp->capacity) { /* (guided: the pieces below) */
         /* the shortest chunk whose blocks still fit the wave(s) */
         const double budget = waves * kp->capacity;
         for (int k = 2; k <= MAX_SPLITS; k++) {
