@@ -65,6 +65,53 @@ static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a powe
 static_assert(PAGES_BYTES % 128 == 0, "stage alignment");
 } // namespace
 
+/* The TPG x ROWS scores of a token group summed over its BDX lanes (each
+ * lane holds a partial dot product over its 8 elements), every lane getting
+ * every sum. With V = TPG x ROWS a power of two up to BDX: halving rounds (a
+ * lane keeps half of its values and adds its partner's half of them), a
+ * butterfly over the lanes left, then each sum broadcast from a lane that
+ * holds it: 2V - 1 + log2(BDX / V) shuffles where the plain butterfly takes
+ * V log2(BDX) (head dim 256, 4 rows: 32 against 80). */
+PA_DEV void group_sums(float (&s)[TPG][ROWS], int tx) {
+    constexpr int V = TPG * ROWS;
+    if constexpr ((V & (V - 1)) != 0 || V > BDX || V < 2) {
+#pragma unroll
+        for (int off = BDX / 2; off >= 1; off >>= 1) {
+#pragma unroll
+            for (int u = 0; u < TPG; u++)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) s[u][r] += __shfl_xor_sync(0xffffffffu, s[u][r], off);
+        }
+    } else {
+        float v[V];
+#pragma unroll
+        for (int i = 0; i < V; i++) v[i] = s[i / ROWS][i % ROWS];
+        /* round k (offset BDX >> k): values [0, n) -> [0, n / 2); the lane
+         * whose offset bit is set keeps the upper half. Then lane tx holds
+         * the sum of value tx / (BDX / V) over the lanes of its round bits. */
+        constexpr int R = V >= 32 ? 5 : V >= 16 ? 4 : V >= 8 ? 3 : V >= 4 ? 2 : 1; /* log2 V */
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const int n = V >> k, off = (BDX / 2) >> k;
+            const bool upper = (tx & off) != 0;
+#pragma unroll
+            for (int i = 0; i < V / 2; i++) {
+                if (i >= n / 2) break; /* (a constant bound: the loop unrolls before n is known) */
+                /* (selp: a ?: of two elements would index v at run time, in local memory) */
+                float keep, give;
+                asm("{ .reg .pred u; setp.ne.u32 u, %4, 0; selp.f32 %0, %2, %3, u; selp.f32 %1, %3, %2, u; }"
+                    : "=f"(keep), "=f"(give)
+                    : "f"(v[n / 2 + i]), "f"(v[i]), "r"((unsigned)upper));
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, give, off);
+            }
+        }
+#pragma unroll
+        for (int off = BDX / V / 2; off >= 1; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
+#pragma unroll
+        for (int i = 0; i < V; i++) s[i / ROWS][i % ROWS] = __shfl_sync(0xffffffffu, v[0], i * (BDX / V), BDX);
+    }
+}
+
 /* What the host needs to launch a variant: threads, dynamic shared bytes,
  * tokens per stage, page ids per block (read with cuModuleGetGlobal). */
 extern "C" __constant__ int pa_decode_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
@@ -181,13 +228,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
                 s[u][r] = a;
             }
         }
-#pragma unroll
-        for (int off = BDX / 2; off >= 1; off >>= 1) {
-#pragma unroll
-            for (int u = 0; u < TPG; u++)
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) s[u][r] += __shfl_xor_sync(0xffffffffu, s[u][r], off);
-        }
+        group_sums(s, tx);
         /* masks, softcap, ALiBi; then the online softmax in base 2 */
 #pragma unroll
         for (int u = 0; u < TPG; u++) {
