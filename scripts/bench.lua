@@ -358,6 +358,55 @@ if run_prefill then
   with_configs("PAGEDATTN_BENCH_PREFILL_CONFIGS", function(config)
     for _, wl in ipairs(prefill_workloads) do prefill(wl, 16, " [" .. config .. "]") end
   end)
+
+  -- One attention_varlen call over a mixed batch (issue 5, item 3): 4 chunks
+  -- of 512 new queries onto 4096 cached keys next to 64 decodes of 4096
+  -- keys, page 16, against the same two parts called alone. The library
+  -- sends each part to its kernel, one after the other on the stream: the
+  -- mixed call should cost the sum of the parts, no more.
+  local NP, CH, CTX, ND = 4, 512, 4096, 64
+  local NB = NP + ND
+  local kc, vc = make_cache(NB, CTX + CH, 16)
+  local per = math.ceil((CTX + CH) / 16)
+  local ids = {}
+  for i = 1, NB * per do ids[i] = i - 1 end
+  for i = #ids, 2, -1 do -- the pages in random order (as make_cache's)
+    local j = (i * 7919 + 13) % i + 1
+    ids[i], ids[j] = ids[j], ids[i]
+  end
+  -- a varlen call over sequences first .. last (1-based) of the batch
+  local function part(first, last)
+    local cu, used, rows, total = { 0 }, {}, {}, 0
+    for b = first, last do
+      local nq = b <= NP and CH or 1
+      total = total + nq
+      cu[#cu + 1] = total
+      used[#used + 1] = CTX + (b <= NP and CH or 0)
+      for j = 1, per do rows[#rows + 1] = ids[(b - 1) * per + j] end
+    end
+    local q = assert(pa.randn({ total, H, D }, DT, dev, 5))
+    local o = {
+      cu_seqlens_q = assert(pa.from_table(cu, { #cu }, "i32", dev)),
+      seqused_k = assert(pa.from_table(used, { #used }, "i32", dev)),
+      block_table = assert(pa.from_table(rows, { last - first + 1, per }, "i32", dev)),
+      max_seqlen_q = first <= NP and CH or 1, causal = true,
+      out = assert(pa.tensor({ total, H, D }, DT, dev)),
+    }
+    return function() assert(pa.attention_varlen(q, kc, vc, o)) end
+  end
+  local t_mix = time_calls(part(1, NB), prefill_iters, prefill_budget)
+  local t_pre = time_calls(part(1, NP), prefill_iters, prefill_budget)
+  local t_dec = time_calls(part(NP + 1, NB), prefill_iters, prefill_budget)
+  local pre_flops = 4.0 * H * D * NP * attended_pairs(CH, CTX + CH, true)
+  local dec_bytes = 2.0 * ND * CTX * HK * D * ESZ
+  local note = string.format("mixed varlen batch (%d x %d new on %d keys + %d decodes of %d keys, page 16): " ..
+    "%.1f us; parts alone %.1f us (prefill, %.1f TFLOP/s) + %.1f us (decode, %.3f x read) = %.1f us; mixed / sum %.3f",
+    NP, CH, CTX, ND, CTX, t_mix * 1e6, t_pre * 1e6, pre_flops / t_pre / 1e12, t_dec * 1e6,
+    dec_bytes / t_dec / 1e9 / read, (t_pre + t_dec) * 1e6, t_mix / (t_pre + t_dec))
+  prefill_notes[#prefill_notes + 1] = note
+  print(note)
+  kc, vc = nil, nil
+  collectgarbage()
 end
 
 print()
