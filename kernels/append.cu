@@ -4,10 +4,20 @@
  * written with its v row into the cache slot of its position; each q row is
  * rotated into an f32 copy that the attention kernel reads instead of q.
  *
- * One warp per row of head_dim elements; v rows (and k rows without rotary)
- * move 16 bytes per lane where the row allows, rotated k rows one element per
- * lane. The rotation is done in double and rounded once to the dtype, as the
- * CPU backend does, so both write the same cache bytes.
+ * One warp per token (or per share of its heads, `split` warps a token,
+ * when there are few tokens): its sequence is found once (a 32-way search of
+ * the sequences' prefixes, one round of loads per 32x narrowing) and so is
+ * its page; then the k and v rows of its kv heads (or the q rows of its
+ * heads), which lie next to each other in k_new / v_new / q and in the
+ * cache slot, move with every load of a batch of heads in flight before any
+ * store. (One warp per row, before: each row paid the binary search and the
+ * block table's dependent round trips, and the kernel ran at 0.24 of the
+ * read rate, latency-bound; kernels/NOTES.md, session 10.) The token's
+ * cos/sin rows are staged once in shared memory for all its heads, in
+ * double, and so are the rows (each value converted once, not once per use).
+ *
+ * The rotation is done in double and rounded once to the dtype, as the CPU
+ * backend does, so both write the same cache bytes.
  *
  * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16).
  */
@@ -19,15 +29,16 @@
 #endif
 
 #define WARPS 8
-#define MAX_D 256
+#define STAGE 512 /* elements of a token's rows staged at once per warp (whole heads) */
+#define MAX_HALF 128 /* rotary_dim / 2 <= head_dim / 2 <= 128 */
 
 typedef pa_elem<PA_DTYPE> E;
 #define ESZ (PA_DTYPE == PA_DT_F32 ? 4 : 2)
 
-/* The rotated value of element d of a row held in x (f32, shared), at a
- * position whose cos/sin row starts at cs_off. */
-__device__ __forceinline__ double rotated(const pa_append_params &p, const float *x, int d,
-                                          i64 cs_off) {
+/* The rotated value of element d of a head's row held in x (double,
+ * shared), with the position's cos/sin (double, shared: cs[j], sn[j]). */
+__device__ __forceinline__ double rotated(const pa_append_params &p, const double *x, int d, const double *cs,
+                                          const double *sn) {
     const int half = p.rotary_dim >> 1;
     if (d >= p.rotary_dim) return x[d];
     int j, partner;
@@ -41,8 +52,7 @@ __device__ __forceinline__ double rotated(const pa_append_params &p, const float
         j = first ? d : d - half;
         partner = first ? d + half : d - half;
     }
-    const double c = pa_load_any((const void *)p.rot_cos, p.rot_dtype, cs_off + j);
-    const double s = pa_load_any((const void *)p.rot_sin, p.rot_dtype, cs_off + j);
+    const double c = cs[j], s = sn[j];
     const double a = x[d], b = x[partner];
     /* (x0, x1) -> (x0 c - x1 s, x0 s + x1 c), without fused multiply-adds so
      * that the rounding is the host's */
@@ -50,30 +60,109 @@ __device__ __forceinline__ double rotated(const pa_append_params &p, const float
                  : __dadd_rn(__dmul_rn(b, s), __dmul_rn(a, c));
 }
 
-/* Copies one row of D elements, 16 bytes at a time when aligned. */
-__device__ __forceinline__ void copy_row(void *dst, const void *src, int D, int lane) {
-    if (((D * ESZ) & 15) == 0) {
-        const int n = D * ESZ / 16;
-        for (int i = lane; i < n; i += 32) ((uint4 *)dst)[i] = ((const uint4 *)src)[i];
+/* The largest i < n with key(i) <= x (key(0) <= x, keys non-decreasing),
+ * by the whole warp: each round the lanes test 32 points of the range. */
+template <typename F> __device__ __forceinline__ int warp_upper_index(int n, i64 x, int lane, F key) {
+    int lo = 0, hi = n; /* answer in [lo, hi) */
+    while (hi - lo > 1) {
+        const int step = (hi - lo + 31) / 32;
+        const int at = lo + lane * step;
+        const unsigned le = __ballot_sync(0xffffffffu, lane == 0 || (at < hi && key(at) <= x));
+        lo += (31 - __clz(le)) * step;
+        hi = min(hi, lo + step);
+    }
+    return lo;
+}
+
+/* n elements from src to dst (a token's rows), 16 bytes a lane where both
+ * allow: all of a lane's loads (up to 4 per pass) before its stores. */
+__device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int lane) {
+    if (((n * ESZ) & 15) == 0 && ((((u64)dst) | ((u64)src)) & 15) == 0) {
+        const int nv = (int)(n * ESZ / 16);
+        for (int i0 = 0; i0 < nv; i0 += 32 * 4) {
+            uint4 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (i0 + lane + 32 * k < nv) v[k] = ((const uint4 *)src)[i0 + lane + 32 * k];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (i0 + lane + 32 * k < nv) ((uint4 *)dst)[i0 + lane + 32 * k] = v[k];
+        }
     } else {
-        for (int d = lane; d < D; d += 32) ((typename E::T *)dst)[d] = ((const typename E::T *)src)[d];
+        for (i64 e = lane; e < n; e += 32) ((typename E::T *)dst)[e] = ((const typename E::T *)src)[e];
+    }
+}
+
+/* A token's `heads` rows of D elements from src (dtype) rotated into dst
+ * (store(i, value) for element i of those rows), a batch of whole heads at a
+ * time through the warp's stage x (16-byte loads where the rows allow). */
+template <typename S>
+__device__ __forceinline__ void rotate_rows(const pa_append_params &p, const void *src, i64 src0, int heads,
+                                            double *x, const double *cs, const double *sn, int lane, S store) {
+    const int D = p.head_dim, per = STAGE / D; /* heads a batch */
+    const bool vec = ((D * ESZ) & 15) == 0 && ((((u64)src) + (u64)src0 * ESZ) & 15) == 0;
+    for (int h0 = 0; h0 < heads; h0 += per) {
+        const int n = min(per, heads - h0) * D;
+        const i64 at = src0 + (i64)h0 * D;
+        __syncwarp(); /* the previous batch's reads of x are done */
+        if (vec) {
+            constexpr int V = 16 / ESZ; /* elements a load */
+            for (int c = lane; c < n / V; c += 32) {
+                const uint4 u = ((const uint4 *)((const char *)src + at * ESZ))[c];
+                const u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    const u16 h = (u16)(w[k / 2 % 4] >> (16 * (k & 1)));
+                    x[c * V + k] = PA_DTYPE == PA_DT_F32    ? (double)__uint_as_float(w[k % 4])
+                                   : PA_DTYPE == PA_DT_BF16 ? (double)pa_bf16_to_f32(h)
+                                                            : (double)pa_f16_to_f32(h);
+                }
+            }
+        } else {
+            for (int e = lane; e < n; e += 32) x[e] = E::load(src, at + e);
+        }
+        __syncwarp();
+        /* element e = lane + 32 k: head hh, element d of its row, stepped on */
+        int hh = lane / D, d = lane - (lane / D) * D;
+        for (int e = lane; e < n; e += 32) {
+            store((i64)h0 * D + e, rotated(p, x + hh * D, d, cs, sn));
+            d += 32;
+            while (d >= D) {
+                d -= D;
+                hh++;
+            }
+        }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_append_params p) {
-    __shared__ float s_row[WARPS][MAX_D];
+    __shared__ double s_x[WARPS][STAGE];
+    __shared__ double s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const i64 row = (i64)blockIdx.x * WARPS + warp;
-    const int D = p.head_dim;
+    const i64 w = (i64)blockIdx.x * WARPS + warp;
+    const i64 item = w / p.split; /* a new token, then a query token */
+    const int share = (int)(w - item * p.split);
+    const int D = p.head_dim, half = p.rotary_dim >> 1;
     const pa_seq_meta *meta = (const pa_seq_meta *)p.meta;
-    float *x = s_row[warp];
-    const i64 kv_rows = p.total_new * p.kv_heads;
+    double *x = s_x[warp], *cs = s_cs[warp], *sn = s_sn[warp];
+    /* this warp's heads of the token's `heads` */
+    auto heads_of = [&](int heads, int &h0, int &nh) {
+        const int per = (heads + p.split - 1) / p.split;
+        h0 = min(heads, share * per);
+        nh = min(heads, h0 + per) - h0;
+    };
+    /* the position's cos/sin row, staged for all the token's heads */
+    auto stage_rot = [&](i64 pos) {
+        for (int j = lane; j < half; j += 32) {
+            cs[j] = pa_load_any((const void *)p.rot_cos, p.rot_dtype, pos * half + j);
+            sn[j] = pa_load_any((const void *)p.rot_sin, p.rot_dtype, pos * half + j);
+        }
+    };
 
-    if (row < kv_rows) {
-        /* k/v row (new token n, kv head hk) -> its page slot */
-        const i64 n = row / p.kv_heads;
-        const int hk = (int)(row - n * p.kv_heads);
-        const int b = pa_upper_index(p.batch, n, [&](int i) { return meta[i].new_prefix; });
+    if (item < p.total_new) {
+        /* new token n: its k/v rows (all kv heads) -> its page slot */
+        const i64 n = item;
+        const int b = warp_upper_index(p.batch, n, lane, [&](int i) { return meta[i].new_prefix; });
         const pa_seq_meta m = meta[b];
         const i64 i = n - m.new_prefix;
         const i64 pos = (i64)m.append_pos + i;
@@ -85,35 +174,33 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_appe
             page = m.cache_row;
             slot = pos;
         }
-        const i64 src = ((m.new_row + i) * p.kv_heads + hk) * (i64)D;
-        const i64 dst = page * p.page_stride + slot * p.row_stride + (i64)hk * D;
-        copy_row((char *)p.v_cache + dst * ESZ, (const char *)p.v_new + src * ESZ, D, lane);
+        /* the token's rows: [kv_heads, D], adjacent on both sides; this warp's heads h0 .. */
+        int h0, nh;
+        heads_of(p.kv_heads, h0, nh);
+        const i64 src = ((m.new_row + i) * p.kv_heads + h0) * (i64)D;
+        const i64 dst = page * p.page_stride + slot * p.row_stride + (i64)h0 * D;
+        if (p.rot_cos) stage_rot(pos);
+        copy_rows((char *)p.v_cache + dst * ESZ, (const char *)p.v_new + src * ESZ, (i64)nh * D, lane);
         if (!p.rot_cos) {
-            copy_row((char *)p.k_cache + dst * ESZ, (const char *)p.k_new + src * ESZ, D, lane);
+            copy_rows((char *)p.k_cache + dst * ESZ, (const char *)p.k_new + src * ESZ, (i64)nh * D, lane);
             return;
         }
-        /* element-wise, all 32 lanes busy (16-byte lanes measured slower:
-         * half of them idle at head dim 128) */
-        for (int d = lane; d < D; d += 32) x[d] = E::load((const void *)p.k_new, src + d);
-        __syncwarp();
-        const i64 cs_off = pos * (p.rotary_dim >> 1);
-        for (int d = lane; d < D; d += 32)
-            pa_store_f64<PA_DTYPE>((void *)p.k_cache, dst + d, rotated(p, x, d, cs_off));
+        rotate_rows(p, (const void *)p.k_new, src, nh, x, cs, sn, lane,
+                    [&](i64 e, double v) { pa_store_f64<PA_DTYPE>((void *)p.k_cache, dst + e, v); });
         return;
     }
-    /* q row (query r, head h) -> rotated f32 copy */
-    const i64 qrow = row - kv_rows;
-    if (qrow >= p.q_rows * p.heads) return;
-    const i64 r = qrow / p.heads;
-    const int b = pa_upper_index(p.batch, r, [&](int i) { return meta[i].q_start; });
+    /* query token r: its q rows (all heads) -> rotated f32 copies */
+    const i64 r = item - p.total_new;
+    if (r >= p.q_rows) return;
+    const int b = warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });
     const pa_seq_meta m = meta[b];
     const i64 pos = (i64)m.append_pos + (p.rope_q_step ? r - m.q_start : 0);
-    const i64 off = qrow * (i64)D;
-    for (int d = lane; d < D; d += 32) x[d] = E::load((const void *)p.q, off + d);
-    __syncwarp();
-    const i64 cs_off = pos * (p.rotary_dim >> 1);
+    int h0, nh;
+    heads_of(p.heads, h0, nh);
+    const i64 off = (r * p.heads + h0) * (i64)D;
+    stage_rot(pos);
     float *out = (float *)p.q_rot + off;
-    for (int d = lane; d < D; d += 32) out[d] = (float)rotated(p, x, d, cs_off);
+    rotate_rows(p, (const void *)p.q, off, nh, x, cs, sn, lane, [&](i64 e, double v) { out[e] = (float)v; });
 }
 
 #endif /* PA_EMBED_ONLY */

@@ -99,7 +99,7 @@ typedef struct pa_append_params {
     pa_i64 total_new, q_rows;
     pa_i32 batch, heads, kv_heads, head_dim, page_size;
     pa_i32 rotary_dim, rot_dtype, interleaved, rope_q_step;
-    pa_i32 pad;
+    pa_i32 split; /* warps per token: each takes a share of the token's heads */
 } pa_append_params;
 
 #endif /* PA_EMBED_ONLY */

@@ -608,10 +608,18 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.rot_dtype = (pa_i32)p->rotary_dtype;
         ap.interleaved = p->rotary_interleaved;
         ap.rope_q_step = p->rope_q_step;
-        const int64_t rows = p->total_new * Hk + ap.q_rows * H;
-        const int64_t grid = (rows + 7) / 8; /* 8 warps, one row each */
+        const int64_t tokens = p->total_new + ap.q_rows;
+        /* a warp per token (all its heads' rows); few tokens: `split` warps
+         * a token, each with a share of its heads, up to a warp per head,
+         * until the warps would fill the SMs (kernels/NOTES.md, session 10) */
+        const int cap = p->total_new > 0 ? Hk : H;
+        int split = 1;
+        while (split < cap && tokens * split < (int64_t)impl->sm_count * 32) split *= 2;
+        ap.split = split < cap ? split : cap;
+        const int64_t grid = (tokens * ap.split + 7) / 8; /* 8 warps a block */
         void *args[] = {&ap};
-        if (grid > INT32_MAX) st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "append: %lld rows are too many", (long long)rows);
+        if (grid > INT32_MAX)
+            st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "append: %lld tokens are too many", (long long)tokens);
         else if (grid > 0) {
             r = pa_cu.cuLaunchKernel(append_fn, (unsigned)grid, 1, 1, 256, 1, 1, 0, impl->stream, args, NULL);
             if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(pa_append)", __FILE__, __LINE__);
