@@ -9,16 +9,7 @@ local B, n, HK, H, D, L = 64, 512, 8, 32, 128, 4096
 local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, 16, "bf16")
 local k = assert(pa.randn({ B, n, HK, D }, "bf16", dev, 4))
 local v = assert(pa.randn({ B, n, HK, D }, "bf16", dev, 5))
-local half = D / 2
-local cs, sn = {}, {}
-for pos = 0, L - 1 do
-  for j = 0, half - 1 do
-    local th = pos * 10000 ^ (-j / half)
-    cs[pos * half + j + 1], sn[pos * half + j + 1] = math.cos(th), math.sin(th)
-  end
-end
-local rc = assert(pa.from_table(cs, { L, half }, "bf16", dev))
-local rs = assert(pa.from_table(sn, { L, half }, "bf16", dev))
+local rc, rs = sweep.rope_tables(pa, dev, L, D / 2, "bf16")
 local q = assert(pa.tensor({ B, 0, H, D }, "bf16", dev))
 local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
   rotary_interleaved = false }

@@ -204,16 +204,7 @@ local function append(B, n, page)
   local kc, vc, bt = make_cache(B, L, page)
   local k = assert(pa.randn({ B, n, HK, D }, DT, dev, 4))
   local v = assert(pa.randn({ B, n, HK, D }, DT, dev, 5))
-  local half = D / 2
-  local cs, sn = {}, {}
-  for pos = 0, L - 1 do
-    for j = 0, half - 1 do
-      local th = pos * 10000 ^ (-j / half)
-      cs[pos * half + j + 1], sn[pos * half + j + 1] = math.cos(th), math.sin(th)
-    end
-  end
-  local rc = assert(pa.from_table(cs, { L, half }, DT, dev))
-  local rs = assert(pa.from_table(sn, { L, half }, DT, dev))
+  local rc, rs = sweep.rope_tables(pa, dev, L, D / 2, DT)
   local q = assert(pa.tensor({ B, 0, H, D }, DT, dev))
   local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
     rotary_interleaved = false }

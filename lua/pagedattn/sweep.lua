@@ -1331,6 +1331,19 @@ function M.make_cache(lib, dev, B, L, Hk, D, page, dtype, order)
   return kc, vc, bt
 end
 
+-- Rotary tables for positions 0 .. L - 1 of rotary dim 2 half (base 10000,
+-- GPT-NeoX's frequencies): cos and sin tensors [L, half] of `dtype`.
+function M.rope_tables(lib, dev, L, half, dtype)
+  local cs, sn = {}, {}
+  for pos = 0, L - 1 do
+    for j = 0, half - 1 do
+      local th = pos * 10000 ^ (-j / half)
+      cs[pos * half + j + 1], sn[pos * half + j + 1] = math.cos(th), math.sin(th)
+    end
+  end
+  return assert(lib.from_table(cs, { L, half }, dtype, dev)), assert(lib.from_table(sn, { L, half }, dtype, dev))
+end
+
 local function shape_of(p)
   local s = {
     B = p.batch or 1, H = p.heads or 32, Hk = p.kv_heads or 8, D = p.head_dim or 128,
