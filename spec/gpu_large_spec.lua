@@ -174,15 +174,17 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
     compare("varlen batch 48, 7 splits", s, { b = 0, nq = s.cu[2], nk = s.keys[1] })
   end)
 
-  it("#gpu prefill 2 x 1024 causal from empty caches, rotary append (GPT-NeoX, partial), bf16, page 16", function()
-    local seed = H.seed("gpu large prefill")
+  -- A causal prefill from empty caches with rotary append (k rotated into
+  -- the pages, q rotated for the attention): outputs against the CPU, and
+  -- the appended keys and values the same bytes on both devices.
+  local function rotary_prefill(name, B, S, heads, Hk, half, interleaved)
+    local seed = H.seed(name)
     local rng = ref.rng(seed)
-    local B, S = 2, small and 256 or 1024
-    local s = { seed = seed, B = B, Sq = S, new = S, H = 8, Hk = 2, D = 128, dtype = "bf16", page = 16,
+    local s = { seed = seed, B = B, Sq = S, new = S, H = heads, Hk = Hk, D = 128, dtype = "bf16", page = 16,
       keys = {}, cached = {}, causal = true }
     for b = 1, B do s.keys[b] = S; s.cached[b] = 0 end
     paged_spec(rng, s)
-    local half, n = 32, S + 8 -- rotary_dim 64 of 128
+    local n = S + 8
     local cs, sn = {}, {}
     for pos = 0, n - 1 do
       for j = 0, half - 1 do
@@ -191,24 +193,34 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
         sn[pos * half + j + 1] = ref.round(math.sin(theta), "bf16")
       end
     end
-    s.rotary = { cos = ref.tensor({ n, half }, cs), sin = ref.tensor({ n, half }, sn), interleaved = false }
+    s.rotary = { cos = ref.tensor({ n, half }, cs), sin = ref.tensor({ n, half }, sn), interleaved = interleaved }
     local nq = 128
-    local tg, tc = compare("prefill 2x1024 causal rotary", s, { b = 0, nq = nq, nk = nq, q_pos = 0 })
-    -- the appended (rotated) keys and values: the same bytes on both devices
+    local tg, tc = compare(name, s, { b = 0, nq = nq, nk = nq, q_pos = 0 })
     for b = 0, B - 1 do
       for j = 0, S / s.page - 1 do
         local page = s.bt[b * s.width + j + 1]
         local off, count = page * s.page * s.Hk * s.D, s.page * s.Hk * s.D
-        for _, name in ipairs({ "k_cache", "v_cache" }) do
-          local a, c = G.read(tg[name], off, count), G.read(tc[name], off, count)
+        for _, cache in ipairs({ "k_cache", "v_cache" }) do
+          local a, c = G.read(tg[cache], off, count), G.read(tc[cache], off, count)
           local i = G.first_diff(a, c)
           if i then
-            error(string.format("%s page %d element %d: %.9g on %s, %.9g on the CPU", name, page, i - 1,
-              a[i], dev.name, c[i]))
+            error(string.format("%s: %s page %d element %d: %.9g on %s, %.9g on the CPU", name, cache, page,
+              i - 1, a[i], dev.name, c[i]))
           end
         end
       end
     end
+  end
+
+  it("#gpu prefill 2 x 1024 causal from empty caches, rotary append (GPT-NeoX, partial), bf16, page 16", function()
+    rotary_prefill("gpu large prefill", 2, small and 256 or 1024, 8, 2, 32, false) -- rotary_dim 64 of 128
+  end)
+
+  -- enough new tokens (4 x 1104) that the append kernel takes a token per
+  -- warp (split 1): every kv head of a token in one warp, in two batches of
+  -- staged heads, and 32 q heads in eight
+  it("#gpu prefill 4 x 1104 causal, rotary append (GPT-J, partial), 32 / 8 heads: a warp per token", function()
+    rotary_prefill("gpu large prefill warp per token", 4, small and 256 or 1104, 32, 8, 32, true)
   end)
 
   it("#gpu contiguous caches with cache_batch_idx, batch 40, f32, one token appended", function()
