@@ -12,9 +12,9 @@
  * cache slot, move with every load of a batch of heads in flight before any
  * store. (One warp per row, before: each row paid the binary search and the
  * block table's dependent round trips, and the kernel ran at 0.24 of the
- * read rate, latency-bound; kernels/NOTES.md, session 10.) The token's
- * cos/sin rows are staged once in shared memory for all its heads, in
- * double, and so are the rows (each value converted once, not once per use).
+ * read rate; kernels/NOTES.md, session 10.) The token's cos/sin rows are
+ * staged once in shared memory for all its heads, in double, and so are the
+ * rows (each value converted once, not once per use).
  *
  * A lane rotates a pair (GPT-J: elements 2j, 2j + 1; GPT-NeoX: j, j + half)
  * from the same four values (the kernel is issue-bound: ~95 instructions an
