@@ -46,20 +46,6 @@ __device__ __forceinline__ void rotate_pair(double x0, double x1, double c, doub
     y1 = __dadd_rn(__dmul_rn(x0, s), __dmul_rn(x1, c));
 }
 
-/* The largest i < n with key(i) <= x (key(0) <= x, keys non-decreasing),
- * by the whole warp: each round the lanes test 32 points of the range. */
-template <typename F> __device__ __forceinline__ int warp_upper_index(int n, i64 x, int lane, F key) {
-    int lo = 0, hi = n; /* answer in [lo, hi) */
-    while (hi - lo > 1) {
-        const int step = (hi - lo + 31) / 32;
-        const int at = lo + lane * step;
-        const unsigned le = __ballot_sync(0xffffffffu, lane == 0 || (at < hi && key(at) <= x));
-        lo += (31 - __clz(le)) * step;
-        hi = min(hi, lo + step);
-    }
-    return lo;
-}
-
 /* n elements from src to dst (a token's rows), 16 bytes a lane where both
  * allow: all of a lane's loads (up to 4 per pass) before its stores. */
 __device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int lane) {
@@ -81,64 +67,54 @@ __device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int
 
 /* A token's `heads` rows of D elements from src (dtype) rotated into dst
  * (store(i, value) for element i of those rows), a batch of whole heads at a
- * time through the warp's stage x (16-byte loads where the rows allow). */
+ * time through the warp's stage x (pa_load8 where the rows allow). */
 template <typename S>
 __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const void *src, i64 src0, int heads,
                                             double *x, const double *cs, const double *sn, int lane, S store) {
     const int D = p.head_dim, per = STAGE / D; /* heads a batch */
-    const bool vec = ((D * ESZ) & 15) == 0 && ((((u64)src) + (u64)src0 * ESZ) & 15) == 0;
+    /* (16-bit dtypes: 8 elements a load; f32's element loads are whole lines already) */
+    const bool vec = ESZ == 2 && D % 8 == 0 && ((((u64)src) + (u64)src0 * ESZ) & 15) == 0;
+    const int rd = p.rotary_dim, half = rd >> 1;
     for (int h0 = 0; h0 < heads; h0 += per) {
-        const int n = min(per, heads - h0) * D;
+        const int n = min(per, heads - h0) * D, nh = n / D;
         const i64 at = src0 + (i64)h0 * D;
         __syncwarp(); /* the previous batch's reads of x are done */
         if (vec) {
-            constexpr int V = 16 / ESZ; /* elements a load */
-            for (int c = lane; c < n / V; c += 32) {
-                const uint4 u = ((const uint4 *)((const char *)src + at * ESZ))[c];
-                const u32 w[4] = {u.x, u.y, u.z, u.w};
+            for (int c = lane; c < n / 8; c += 32) {
+                float f[8];
+                pa_load8<PA_DTYPE>((const char *)src + (at + c * 8) * ESZ, f);
 #pragma unroll
-                for (int k = 0; k < V; k++) {
-                    const u16 h = (u16)(w[k / 2 % 4] >> (16 * (k & 1)));
-                    x[c * V + k] = PA_DTYPE == PA_DT_F32    ? (double)__uint_as_float(w[k % 4])
-                                   : PA_DTYPE == PA_DT_BF16 ? (double)pa_bf16_to_f32(h)
-                                                            : (double)pa_f16_to_f32(h);
-                }
+                for (int k = 0; k < 8; k++) x[c * 8 + k] = f[k];
             }
         } else {
             for (int e = lane; e < n; e += 32) x[e] = E::load(src, at + e);
         }
         __syncwarp();
-        /* the pairs: pair q = lane + 32 k is pair j of head hh (GPT-J: elements
-         * 2j, 2j + 1; GPT-NeoX: j, j + half), both rotated by one lane */
-        const int rd = p.rotary_dim, half = rd >> 1, nh = n / D;
-        if (half > 0) {
-            int hh = lane / half, j = lane - (lane / half) * half;
-            for (int q = lane; q < nh * half; q += 32) {
+        /* body(hh, t) for t = 0 .. count - 1 of each head hh of the batch,
+         * item lane + 32 k of nh * count: (hh, t) stepped on, no division */
+        auto each = [&](int count, auto body) {
+            int hh = lane / count, t = lane - hh * count;
+            for (int q = lane; q < nh * count; q += 32) {
+                body(hh, t);
+                t += 32;
+                while (t >= count) {
+                    t -= count;
+                    hh++;
+                }
+            }
+        };
+        /* the pairs, one a lane (GPT-J: elements 2j, 2j + 1; GPT-NeoX: j, j + half) */
+        if (half > 0)
+            each(half, [&](int hh, int j) {
                 const int d0 = p.interleaved ? 2 * j : j, d1 = p.interleaved ? 2 * j + 1 : j + half;
                 double y0, y1;
                 rotate_pair(x[hh * D + d0], x[hh * D + d1], cs[j], sn[j], y0, y1);
                 store((i64)h0 * D + hh * D + d0, y0);
                 store((i64)h0 * D + hh * D + d1, y1);
-                j += 32;
-                while (j >= half) {
-                    j -= half;
-                    hh++;
-                }
-            }
-        }
+            });
         /* the elements past the rotary dim, as they are */
-        if (rd < D) {
-            const int rest = D - rd;
-            int hh = lane / rest, t = lane - (lane / rest) * rest;
-            for (int q = lane; q < nh * rest; q += 32) {
-                store((i64)h0 * D + hh * D + rd + t, x[hh * D + rd + t]);
-                t += 32;
-                while (t >= rest) {
-                    t -= rest;
-                    hh++;
-                }
-            }
-        }
+        if (rd < D)
+            each(D - rd, [&](int hh, int t) { store((i64)h0 * D + hh * D + rd + t, x[hh * D + rd + t]); });
     }
 }
 
@@ -169,7 +145,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_appe
     if (item < p.total_new) {
         /* new token n: its k/v rows (all kv heads) -> its page slot */
         const i64 n = item;
-        const int b = warp_upper_index(p.batch, n, lane, [&](int i) { return meta[i].new_prefix; });
+        const int b = pa_warp_upper_index(p.batch, n, lane, [&](int i) { return meta[i].new_prefix; });
         const pa_seq_meta m = meta[b];
         const i64 i = n - m.new_prefix;
         const i64 pos = (i64)m.append_pos + i;
@@ -199,7 +175,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_appe
     /* query token r: its q rows (all heads) -> rotated f32 copies */
     const i64 r = item - p.total_new;
     if (r >= p.q_rows) return;
-    const int b = warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });
+    const int b = pa_warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });
     const pa_seq_meta m = meta[b];
     const i64 pos = (i64)m.append_pos + (p.rope_q_step ? r - m.q_start : 0);
     int h0, nh;

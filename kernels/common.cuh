@@ -212,13 +212,18 @@ PA_DEV void pa_mask_range(int window_left, int window_right, int seqlen_q, int s
     *hi = (int)h;
 }
 
-/* Largest b in [0, n) with key(b) <= x, for nondecreasing keys (b = 0 if none). */
-template <typename F> PA_DEV int pa_upper_index(int n, i64 x, F key) {
+/* Largest b in [0, n) with key(b) <= x, for nondecreasing keys with key(0)
+ * <= x, by a whole warp: each round its lanes test 32 points of the range
+ * (one round of loads per 32x narrowing, where a binary search takes log2 n
+ * dependent loads). */
+template <typename F> PA_DEV int pa_warp_upper_index(int n, i64 x, int lane, F key) {
     int lo = 0, hi = n; /* answer in [lo, hi) */
     while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (key(mid) <= x) lo = mid;
-        else hi = mid;
+        const int step = (hi - lo + 31) / 32;
+        const int at = lo + lane * step;
+        const unsigned le = __ballot_sync(0xffffffffu, lane == 0 || (at < hi && key(at) <= x));
+        lo += (31 - __clz(le)) * step;
+        hi = min(hi, lo + step);
     }
     return lo;
 }

@@ -357,14 +357,9 @@ if run_prefill then
   -- mixed call should cost the sum of the parts, no more.
   local NP, CH, CTX, ND = 4, 512, 4096, 64
   local NB = NP + ND
-  local kc, vc = make_cache(NB, CTX + CH, 16)
+  local kc, vc, bt_all = make_cache(NB, CTX + CH, 16)
   local per = math.ceil((CTX + CH) / 16)
-  local ids = {}
-  for i = 1, NB * per do ids[i] = i - 1 end
-  for i = #ids, 2, -1 do -- the pages in random order (as make_cache's)
-    local j = (i * 7919 + 13) % i + 1
-    ids[i], ids[j] = ids[j], ids[i]
-  end
+  local ids = bt_all:to_table() -- its pages in random order; each part takes its sequences' rows
   -- a varlen call over sequences first .. last (1-based) of the batch
   local function part(first, last)
     local cu, used, rows, total = { 0 }, {}, {}, 0

@@ -611,7 +611,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         const int64_t tokens = p->total_new + ap.q_rows;
         /* a warp per token (all its heads' rows); few tokens: `split` warps
          * a token, each with a share of its heads, up to a warp per head,
-         * until the warps would fill the SMs (kernels/NOTES.md, session 10) */
+         * until the warps would fill the SMs: 32 resident a SM (4 blocks of
+         * 8 warps, 48 KB of shared memory each; kernels/NOTES.md, session 10) */
         const int cap = p->total_new > 0 ? Hk : H;
         int split = 1;
         while (split < cap && tokens * split < (int64_t)impl->sm_count * 32) split *= 2;
