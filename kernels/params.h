@@ -85,6 +85,13 @@ typedef struct pa_attn_params {
 typedef struct pa_tma_maps {
     PA_ALIGN128 pa_u64 k[16];
     PA_ALIGN128 pa_u64 v[16];
+    /* q (rows of [heads, head_dim], the input type): 3-D (head-dim elements,
+     * heads, q rows), 128-byte swizzle, boxes of 64 elements x the kernel's
+     * GT heads x its QT queries; the producer loads the Q tile by it where
+     * q_tma is set (else q is f32, the heads do not fill the tile's 128 rows,
+     * or PAGEDATTN_PREFILL_TMA_Q=0: Q by cp.async) */
+    PA_ALIGN128 pa_u64 q[16];
+    pa_i32 q_tma;
 } pa_tma_maps;
 
 /* Rotary append: new k (rotated) and v into their cache slots; q rotated

@@ -53,6 +53,9 @@ constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
 constexpr int TMA_ROWS = PA_PAGE == -1 || PA_PAGE >= BN ? BN : PA_PAGE;
 constexpr int KALIGN = PA_TMA && PA_PAGE > 0 ? TMA_ROWS : 1;
 constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES;
+/* Q by TMA (where the host built its map, maps.q_tma): boxes of GT heads x
+ * QT queries, which fill the tile's rows only where GT divides BM */
+constexpr bool TMA_Q = PA_TMA && QT * GT == BM;
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -129,9 +132,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 
     const int tid = threadIdx.x, wg = tid >> 7;
     const int head_tile = blockIdx.x % p.head_tiles;
+    const bool q_tma = TMA_Q && maps.q_tma;
     if (tid == 0) {
         s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
-        mbar_init(&bar_q, PA_TMA ? 96 : 128); /* TMA: warps 1-3 load Q, warp 0 issues K/V at once */
+        /* Q by TMA: warp 0's expect_tx; else with TMA warps 1-3 load Q (warp
+         * 0 issues K/V at once), without it the producer warpgroup */
+        mbar_init(&bar_q, q_tma ? 1 : PA_TMA ? 96 : 128);
         for (int s = 0; s < PA_STAGES; s++) {
             mbar_init(&full_k[s], PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
             mbar_init(&full_v[s], PA_TMA ? 1 : 128);
@@ -175,8 +181,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
          * k1 (a page's tail, or pages never loaded: P is 0 there, but 0 x a
          * NaN left in memory would not be). */
         if (tid >= 32) {
-            load_q(tid - 32, 96);
-            pa_cp_async_wait<0>();
+            if (!q_tma) {
+                load_q(tid - 32, 96);
+                pa_cp_async_wait<0>();
+            }
             return;
         }
         /* Lane j issues box j of each tile (a tile holds BN / TMA_ROWS
@@ -192,6 +200,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             return pid * ps + tok % ps;
         };
         int row = box_row(0);
+        if (q_tma && lane == 0) { /* the whole Q tile, rows (query, head) as pa_swz lays them out */
+            mbar_arrive_expect_tx(&bar_q, Q_BYTES);
+            for (int blk = 0; blk < D / 64; blk++)
+                tma_load(q_addr + blk * BM * 128, maps.q, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0), &bar_q);
+        }
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
             const u32 ph = (u32)(t / PA_STAGES) & 1u;

@@ -401,26 +401,47 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     return n;
 }
 
-/* The K and V caches as TMA descriptors: 3-D (head-dim elements, kv heads,
- * cache rows = page * page_size + slot; contiguous caches: batch row *
- * S_cache + position), 128-byte swizzle, boxes of 64 elements x 1 head x
- * `rows` rows: what prefill_ws.cu's producer loads per page (or tile). */
-static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, int rows, pa_tma_maps *out) {
+/* One TMA descriptor: `rank` dimensions (innermost first), the strides of
+ * the outer ones in bytes, 128-byte swizzle. */
+static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, const void *base, const uint64_t *dims,
+                         const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
     const int dtype = p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const uint64_t dims[3] = {(uint64_t)p->head_dim, (uint64_t)p->kv_heads, (uint64_t)p->num_pages * (uint64_t)p->page_size};
-    const uint64_t strides[2] = {(uint64_t)p->head_dim * 2, (uint64_t)p->kv_heads * p->head_dim * 2}; /* bytes */
-    const uint32_t box[3] = {64, 1, (uint32_t)rows}, unit[3] = {1, 1, 1};
-    void *base[2] = {p->k_cache, p->v_cache};
-    pa_u64 *dst[2] = {out->k, out->v};
-    for (int i = 0; i < 2; i++) {
-        CUtensorMap m;
-        CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, 3, base[i], dims, strides, box, unit,
-                                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
-        memcpy(dst[i], m.opaque, sizeof m.opaque);
-    }
+    const uint32_t unit[3] = {1, 1, 1};
+    CUtensorMap m;
+    CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, 3, (void *)base, dims, strides, box, unit,
+                                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
+    memcpy(out, m.opaque, sizeof m.opaque);
     return PA_OK;
+}
+
+/* prefill_ws.cu's TMA descriptors (kernels/params.h). The K and V caches:
+ * 3-D (head-dim elements, kv heads, cache rows = page * page_size + slot;
+ * contiguous caches: batch row * S_cache + position), boxes of 64 elements x
+ * 1 head x kp->tma_rows rows, what the producer loads per page (or tile).
+ * q, unless it is the rotated f32 copy (q_f32) or the tile's GT heads x QT
+ * queries do not fill its 128 rows: (head-dim elements, heads, q rows),
+ * boxes of 64 elements x GT heads x QT queries, so that the Q tile lands in
+ * one transaction instead of ~20 cp.async a producer thread (the consumers
+ * waited ~2.8 us for it at a block's start, kernels/NOTES.md session 9). */
+static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const kernel_plan *kp, bool q_f32,
+                          pa_tma_maps *out) {
+    const uint64_t D = (uint64_t)p->head_dim;
+    const uint64_t dims[3] = {D, (uint64_t)p->kv_heads, (uint64_t)p->num_pages * (uint64_t)p->page_size};
+    const uint64_t strides[2] = {D * 2, (uint64_t)p->kv_heads * D * 2}; /* bytes */
+    const uint32_t box[3] = {64, 1, (uint32_t)kp->tma_rows};
+    pa_status st = tma_map(ctx, p, p->k_cache, dims, strides, box, out->k);
+    if (st == PA_OK) st = tma_map(ctx, p, p->v_cache, dims, strides, box, out->v);
+    out->q_tma = st == PA_OK && !q_f32 && kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31) &&
+                 ((uintptr_t)p->q & 15) == 0 && env_int("PAGEDATTN_PREFILL_TMA_Q", 1, 0, 1);
+    if (out->q_tma) {
+        const uint64_t qdims[3] = {D, (uint64_t)p->heads, (uint64_t)p->total_q};
+        const uint64_t qstrides[2] = {D * 2, (uint64_t)p->heads * D * 2};
+        const uint32_t qbox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile};
+        st = tma_map(ctx, p, p->q, qdims, qstrides, qbox, out->q);
+    }
+    return st;
 }
 
 /* One attention launch: the sequences of one kernel kind. */
@@ -666,7 +687,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.item_counter = (pa_i32)(kp->persistent ? parts[i].counters0 + parts[i].ncounters : 0);
         pa_tma_maps maps;
         memset(&maps, 0, sizeof maps);
-        if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp->tma_rows, &maps);
+        if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp, ap.q_f32 != 0, &maps);
         if (st) break;
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
         int64_t blocks = parts[i].nwork * kp->head_tiles;
