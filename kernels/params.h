@@ -91,8 +91,17 @@ typedef struct pa_tma_maps {
      * q_tma is set (else q is f32, the heads do not fill the tile's 128 rows,
      * or PAGEDATTN_PREFILL_TMA_Q=0: Q by cp.async) */
     PA_ALIGN128 pa_u64 q[16];
-    pa_i32 q_tma;
+    /* out, as q, boxes of 64 elements x GT heads x QT / 2 queries (a
+     * consumer's 64 rows): its rows leave by TMA where o_tma is set and the
+     * tile's queries all exist (else 16-byte stores) */
+    PA_ALIGN128 pa_u64 o[16];
+    /* i32 [work items][PA_WS_BOXES]: each item's first K/V tile's box rows
+     * (page * page_size + slot; unused boxes 0), from the host's block
+     * table; 0: the producer loads the block table */
+    pa_u64 first_boxes;
+    pa_i32 q_tma, o_tma;
 } pa_tma_maps;
+#define PA_WS_BOXES 8 /* boxes a tile at most: 128 keys / 16-row pages (head dim 256: 64 / 16) */
 
 /* Rotary append: new k (rotated) and v into their cache slots; q rotated
  * into an f32 copy. Rows: total_new * kv_heads of k/v, then q_rows * heads. */

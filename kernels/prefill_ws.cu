@@ -101,6 +101,18 @@ PA_DEV void tma_load(u32 dst, const void *map, int c0, int c1, int c2, u64 *bar)
                  : "memory");
 }
 
+/* A TMA box of the 3-D map from shared memory at src to (c0, c1, c2), in
+ * this thread's bulk group; then until it has read src (the stores complete
+ * on their own: a block's exit does not wait for them). */
+PA_DEV void tma_store_wait_read(const void *map, int c0, int c1, int c2, u32 src) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"((u64)map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(src)
+                 : "memory");
+}
+PA_DEV void tma_store_commit_wait_read() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
 /* the consumers' own barrier (named barrier 1, 256 threads) */
 PA_DEV void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 /* Ping-pong of the consumers' products: named barrier 2 + c is consumer c's
@@ -131,12 +143,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     const u32 q_addr = base, k_addr = base + Q_BYTES, v_addr = k_addr + PA_STAGES * KV_BYTES;
 
     const int tid = threadIdx.x, wg = tid >> 7;
-    const int head_tile = blockIdx.x % p.head_tiles;
+    const int item = blockIdx.x / p.head_tiles, head_tile = blockIdx.x % p.head_tiles;
+    const int tiles_per_group = p.group / GT;
+    const int hk = head_tile / tiles_per_group;
+    const int g0 = (head_tile - hk * tiles_per_group) * GT;
     const bool q_tma = TMA_Q && maps.q_tma;
+    /* warp 0, lane j: box j of the first K/V tile, from the host (where it
+     * gave them): loaded beside the work item, not after it */
+    constexpr int NBOX = PA_TMA ? BN / TMA_ROWS : 1;
+    static_assert(NBOX >= 1 && NBOX <= PA_WS_BOXES, "one box per lane");
+#if PA_TMA
+    const bool first_boxes = maps.first_boxes != 0;
+    int first_row = 0;
+    if (first_boxes && tid < NBOX) first_row = ((const int *)maps.first_boxes)[(i64)item * PA_WS_BOXES + tid];
+#endif
     if (tid == 0) {
-        s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
-        /* Q by TMA: warp 0's expect_tx; else with TMA warps 1-3 load Q (warp
-         * 0 issues K/V at once), without it the producer warpgroup */
+        const pa_work w0 = ((const pa_work *)p.work)[item];
+        s_w = w0;
+        /* Q by TMA: this thread's expect_tx; else with TMA warps 1-3 load Q
+         * (warp 0 issues K/V at once), without it the producer warpgroup */
         mbar_init(&bar_q, q_tma ? 1 : PA_TMA ? 96 : 128);
         for (int s = 0; s < PA_STAGES; s++) {
             mbar_init(&full_k[s], PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
@@ -146,12 +171,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         }
         mbar_init(&v_last, 1); /* TMA: the last tile's V, before its rows past k1 are zeroed */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        if (q_tma) { /* the whole Q tile at once, rows (query, head) as pa_swz lays them out */
+            mbar_arrive_expect_tx(&bar_q, Q_BYTES);
+            for (int blk = 0; blk < D / 64; blk++)
+                tma_load(q_addr + blk * BM * 128, maps.q, blk * 64, hk * p.group + g0, (int)(w0.q_start + w0.i0),
+                         &bar_q);
+        }
     }
     __syncthreads();
     const pa_work w = s_w;
-    const int tiles_per_group = p.group / GT;
-    const int hk = head_tile / tiles_per_group;
-    const int g0 = (head_tile - hk * tiles_per_group) * GT;
     const int kbase = w.k0 - w.k0 % KALIGN; /* tile t holds keys kbase + t BN .. + BN - 1 */
     const int nt = (w.k1 - kbase + BN - 1) / BN;
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
@@ -188,10 +216,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             return;
         }
         /* Lane j issues box j of each tile (a tile holds BN / TMA_ROWS
-         * boxes): the boxes' page ids load in parallel, a tile ahead. */
+         * boxes): the boxes' page ids load in parallel, a tile ahead (the
+         * first tile's from the host's list, where it gave one). */
         const int lane = tid;
-        constexpr int NBOX = BN / TMA_ROWS;
-        static_assert(NBOX >= 1 && NBOX <= 32, "one box per lane");
         auto box_row = [&](int t) { /* the map row of this lane's box of tile t (0: no box) */
             const int tok = kbase + t * BN + lane * TMA_ROWS;
             if (t >= nt || lane >= NBOX || tok >= w.k1) return 0;
@@ -199,12 +226,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
             return pid * ps + tok % ps;
         };
-        int row = box_row(0);
-        if (q_tma && lane == 0) { /* the whole Q tile, rows (query, head) as pa_swz lays them out */
-            mbar_arrive_expect_tx(&bar_q, Q_BYTES);
-            for (int blk = 0; blk < D / 64; blk++)
-                tma_load(q_addr + blk * BM * 128, maps.q, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0), &bar_q);
-        }
+        int row = first_boxes ? first_row : box_row(0);
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
             const u32 ph = (u32)(t / PA_STAGES) & 1u;
@@ -348,9 +370,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
      * last products): its rows of O rounded into its own rows of the Q tile
      * (free: its last S has completed), then out from there */
     pa_stage_rows_swz<D, BM, GT>(p, w, hk, g0, rs, o, R0, smem);
+    /* by TMA where every row of the tile is a query (and the host built the
+     * map): one thread's boxes instead of 8 loads and stores a thread */
+    const bool o_tma = TMA_Q && maps.o_tma && w.i0 + QT <= w.seqlen_q;
+    if (o_tma) pa_fence_proxy_async(); /* this thread's rows -> the TMA store (async proxy) */
     if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
     else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    pa_write_rows_swz<D, BM, GT, 64, 128>(p, w, hk, g0, smem, cw * 64, ctid & 127);
+    if (!o_tma) {
+        pa_write_rows_swz<D, BM, GT, 64, 128>(p, w, hk, g0, smem, cw * 64, ctid & 127);
+    } else if ((ctid & 127) == 0) {
+        for (int blk = 0; blk < D / 64; blk++)
+            tma_store_wait_read(maps.o, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0 + cw * (QT / 2)),
+                                q_addr + blk * BM * 128 + cw * 64 * 128);
+        tma_store_commit_wait_read();
+    }
     if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
 #endif
 }

@@ -424,7 +424,9 @@ static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, const void *
  * queries do not fill its 128 rows: (head-dim elements, heads, q rows),
  * boxes of 64 elements x GT heads x QT queries, so that the Q tile lands in
  * one transaction instead of ~20 cp.async a producer thread (the consumers
- * waited ~2.8 us for it at a block's start, kernels/NOTES.md session 9). */
+ * waited ~2.8 us for it at a block's start, kernels/NOTES.md session 9).
+ * out, the same way (boxes of QT / 2 queries: each consumer's rows), where
+ * the tile's rows leave by TMA stores. */
 static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const kernel_plan *kp, bool q_f32,
                           pa_tma_maps *out) {
     const uint64_t D = (uint64_t)p->head_dim;
@@ -435,11 +437,17 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const kerne
     if (st == PA_OK) st = tma_map(ctx, p, p->v_cache, dims, strides, box, out->v);
     out->q_tma = st == PA_OK && !q_f32 && kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31) &&
                  ((uintptr_t)p->q & 15) == 0 && env_int("PAGEDATTN_PREFILL_TMA_Q", 1, 0, 1);
+    const uint64_t qdims[3] = {D, (uint64_t)p->heads, (uint64_t)p->total_q};
+    const uint64_t qstrides[2] = {D * 2, (uint64_t)p->heads * D * 2};
     if (out->q_tma) {
-        const uint64_t qdims[3] = {D, (uint64_t)p->heads, (uint64_t)p->total_q};
-        const uint64_t qstrides[2] = {D * 2, (uint64_t)p->heads * D * 2};
         const uint32_t qbox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile};
         st = tma_map(ctx, p, p->q, qdims, qstrides, qbox, out->q);
+    }
+    out->o_tma = st == PA_OK && kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31) &&
+                 ((uintptr_t)p->out & 15) == 0 && env_int("PAGEDATTN_PREFILL_TMA_O", 1, 0, 1);
+    if (out->o_tma) {
+        const uint32_t obox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile / 2};
+        st = tma_map(ctx, p, p->out, qdims, qstrides, obox, out->o);
     }
     return st;
 }
@@ -451,7 +459,31 @@ typedef struct attn_part {
     tile_range *tiles;
     int64_t ntiles, nwork, part_rows, ncounters;
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
+    int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
 } attn_part;
+
+/* prefill_ws with TMA boxes of a paged cache: each work item's first K/V
+ * tile's box rows (page * page_size + slot, one per box: PA_WS_BOXES at
+ * most), so that the producer issues the first boxes without waiting for the
+ * block table (a dependent round trip of ~1 us at a block's start; the
+ * later tiles' page ids load a tile ahead). From the host's block table (the
+ * rows the core validated); unused boxes 0. PAGEDATTN_PREFILL_FIRST_BOXES=0:
+ * none (the producer loads the first tile's page ids too). */
+static bool has_first_boxes(const pa_attn_problem *p, const attn_part *pt) {
+    return pt->kp.ws && pt->kp.tma_rows > 0 && p->paged && env_int("PAGEDATTN_PREFILL_FIRST_BOXES", 1, 0, 1);
+}
+static void write_first_boxes(const pa_attn_problem *p, const attn_part *pt, const pa_work *items, int32_t *rows) {
+    const int tr = pt->kp.tma_rows, nbox = pt->kp.tokens / tr, ps = p->page_size;
+    for (int64_t i = 0; i < pt->nwork; i++) {
+        const pa_work *w = &items[i];
+        const int32_t *bt = p->h_block_table + (int64_t)w->b * p->bt_stride;
+        const int32_t kbase = w->k0 - w->k0 % tr; /* the kernel's first tile (KALIGN = tma_rows) */
+        for (int j = 0; j < PA_WS_BOXES; j++) {
+            const int32_t tok = kbase + j * tr;
+            rows[i * PA_WS_BOXES + j] = j < nbox && tok < w->k1 ? bt[tok / ps] * ps + tok % ps : 0;
+        }
+    }
+}
 
 static int by_length_desc(const void *a, const void *b) {
     const pa_work *x = a, *y = b;
@@ -531,7 +563,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     attn_part parts[3];
     int nparts = 0;
     memset(parts, 0, sizeof parts);
-    int64_t nwork = 0, part_rows = 0, ncounters = 0;
+    int64_t nwork = 0, part_rows = 0, ncounters = 0, nboxed = 0;
     if (attend) {
         const kind_rules rules = rules_of(p);
         bool used[3] = {false, false, false};
@@ -546,6 +578,11 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             pt->work0 = nwork;
             pt->rows0 = part_rows;
             pt->counters0 = ncounters;
+            pt->boxes0 = -1;
+            if (has_first_boxes(p, pt)) {
+                pt->boxes0 = nboxed;
+                nboxed += pt->nwork;
+            }
             nwork += pt->nwork;
             part_rows += pt->part_rows;
             ncounters += pt->ncounters + (pt->kp.persistent ? 1 : 0); /* the last: its unit counter */
@@ -559,7 +596,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     /* staging (host, pinned) and scratch (device) layouts */
     const size_t meta_bytes = sizeof(pa_seq_meta) * (size_t)B;
     const size_t work_off = ALIGN_UP(meta_bytes, 256);
-    const size_t upload_bytes = work_off + sizeof(pa_work) * (size_t)nwork; /* the plan */
+    const size_t boxes_off = ALIGN_UP(work_off + sizeof(pa_work) * (size_t)nwork, 256);
+    const size_t upload_bytes = boxes_off + sizeof(int32_t) * PA_WS_BOXES * (size_t)nboxed; /* the plan */
     const size_t part_o_off = 0;
     const size_t part_lse_off = part_o_off + ALIGN_UP((size_t)part_rows * H * D * 4, 256);
     const size_t q_rot_off = part_lse_off + ALIGN_UP((size_t)part_rows * H * 4, 256);
@@ -588,8 +626,12 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         mb->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
     }
     for (int i = 0; i < nparts; i++) {
-        write_part(p, &parts[i], (pa_work *)((char *)host + work_off) + parts[i].work0);
+        pa_work *items = (pa_work *)((char *)host + work_off) + parts[i].work0;
+        write_part(p, &parts[i], items);
         free(parts[i].tiles);
+        if (parts[i].boxes0 >= 0)
+            write_first_boxes(p, &parts[i], items,
+                              (int32_t *)((char *)host + boxes_off) + parts[i].boxes0 * PA_WS_BOXES);
     }
 
     const int64_t page_stride = (int64_t)p->page_size * Hk * D; /* contiguous: S_cache rows */
@@ -688,6 +730,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         pa_tma_maps maps;
         memset(&maps, 0, sizeof maps);
         if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp, ap.q_f32 != 0, &maps);
+        if (parts[i].boxes0 >= 0)
+            maps.first_boxes = plan + boxes_off + sizeof(int32_t) * PA_WS_BOXES * (size_t)parts[i].boxes0;
         if (st) break;
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
         int64_t blocks = parts[i].nwork * kp->head_tiles;
