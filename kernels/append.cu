@@ -13,14 +13,17 @@
  * store. (One warp per row, before: each row paid the binary search and the
  * block table's dependent round trips, and the kernel ran at 0.24 of the
  * read rate; kernels/NOTES.md, session 10.) The token's cos/sin rows are
- * staged once in shared memory for all its heads, in double, and so are the
- * rows (each value converted once, not once per use).
+ * staged once in shared memory for all its heads, in double.
  *
- * A lane rotates a pair (GPT-J: elements 2j, 2j + 1; GPT-NeoX: j, j + half)
- * from the same four values (the kernel is issue-bound: ~95 instructions an
- * element when each lane rotated one element and loaded its partner; 148 ->
- * 110 us at 64 x 512 tokens). The rotation is done in double and rounded
- * once to the dtype, as the CPU backend does, so both write the same cache
+ * 16-bit rows (rotate_rows8, where they allow): a lane takes 8 elements at
+ * a time straight from memory (16-byte loads: GPT-J 4 pairs, GPT-NeoX 8
+ * pairs from both halves) and stores them rotated as 16 bytes; 110 -> 89 us
+ * at 64 x 512 tokens (session 11). Otherwise the rows are staged in double
+ * too and a lane rotates a pair (GPT-J: elements 2j, 2j + 1; GPT-NeoX: j,
+ * j + half) from the same four values (the kernel is issue-bound: ~95
+ * instructions an element when each lane rotated one element and loaded its
+ * partner; 148 -> 110 us). The rotation is done in double and rounded once
+ * to the dtype, as the CPU backend does, so both write the same cache
  * bytes.
  *
  * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16).
@@ -118,7 +121,114 @@ __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const voi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_append_params p) {
+/* Element i of 8 packed 16-bit elements, as a double (exact). */
+__device__ __forceinline__ double elem8(const uint4 &v, int i) {
+    const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w; /* (i: a constant after unrolling) */
+    return (double)E::load(&w, i & 1);
+}
+
+/* 8 results of a row, put one at a time: rounded once to the dtype
+ * (pa_store_f64's rounding) and stored as 16 bytes (a cache row), or as f32
+ * (the rotated q copy: 32 bytes). */
+template <bool F32> struct out8;
+template <> struct out8<false> {
+    u32 w[4];
+    __device__ __forceinline__ void put(int i, double y) { E::store(&w[i >> 1], i & 1, pa_f64_to_f32_odd(y)); }
+    __device__ __forceinline__ void flush(char *row, int e) const {
+        *(uint4 *)(row + (i64)e * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+template <> struct out8<true> {
+    float f[8];
+    __device__ __forceinline__ void put(int i, double y) { f[i] = (float)y; }
+    __device__ __forceinline__ void flush(char *row, int e) const {
+        float *o = (float *)row + e;
+        *(float4 *)o = make_float4(f[0], f[1], f[2], f[3]);
+        *(float4 *)(o + 4) = make_float4(f[4], f[5], f[6], f[7]);
+    }
+};
+
+/* Whether rotate_rows8 takes a warp's `heads` rows of a token (16-bit
+ * dtypes): whole 16-byte chunks on both sides, rotary halves (GPT-NeoX) or
+ * pairs (GPT-J) that fill them, and a chunk for every lane at least (with
+ * fewer, e.g. a head a warp when `split` spreads few tokens' heads over many
+ * warps, a lane per pair through the staging is faster: 256 x 1 tokens 7.1
+ * against 7.8 us; kernels/NOTES.md, session 11). */
+__device__ __forceinline__ bool rows8_ok(const pa_append_params &p, int heads, u64 src_byte, u64 dst_byte) {
+    const int D = p.head_dim, rd = p.rotary_dim;
+    return ESZ == 2 && D % 8 == 0 && rd % (p.interleaved ? 8 : 16) == 0 && ((src_byte | dst_byte) & 15) == 0 &&
+           heads * (D / 8 - (p.interleaved ? 0 : rd / 16)) >= 32; /* rotate_rows8's chunks */
+}
+
+/* A token's `heads` rows of D elements at src (16-bit dtype) rotated into
+ * dst (the same rows: the cache slot, or the f32 copy of q) without staging
+ * them: a lane takes 8 elements at a time -- GPT-J 4 adjacent pairs,
+ * GPT-NeoX 8 first-half elements and their 8 partners, or 8 past the rotary
+ * dim -- straight from src (16-byte loads, all of a pass's before any
+ * store). Where rows8_ok. Same arithmetic as rotate_pair, one rounding. */
+template <bool F32>
+__device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const char *src, char *dst, int heads,
+                                             const double *cs, const double *sn, int lane) {
+    const int D = p.head_dim, rd = p.rotary_dim, half = rd >> 1;
+    const int rot = p.interleaved ? rd / 8 : half / 8; /* rotary chunks a head */
+    const int per = rot + (D - rd) / 8;                /* chunks a head */
+    constexpr int K = 2;                               /* chunks a lane in flight */
+    int hh = lane / per, c = lane - hh * per;          /* item lane + 32 k: (head, chunk), stepped on */
+    for (int u0 = 0; u0 < heads * per; u0 += 32 * K) {
+        int e[K], ch[K];
+        uint4 a[K], b[K];
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            /* GPT-NeoX's rotary chunk c: first-half elements 8c.. and their
+             * partners half + 8c..; GPT-J's: elements 8c..; past the rotary
+             * dim: rd + 8 (c - rot).. */
+            ch[k] = c;
+            e[k] = hh * D + (c < rot || p.interleaved ? 8 * c : rd + 8 * (c - rot));
+            if (u0 + lane + 32 * k < heads * per) {
+                a[k] = *(const uint4 *)(src + (i64)e[k] * 2);
+                if (c < rot && !p.interleaved) b[k] = *(const uint4 *)(src + (i64)(e[k] + half) * 2);
+            }
+            c += 32;
+            while (c >= per) {
+                c -= per;
+                hh++;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (u0 + lane + 32 * k >= heads * per) break;
+            const int cc = ch[k];
+            out8<F32> y;
+            if (cc >= rot) { /* past the rotary dim: as it is */
+#pragma unroll
+                for (int i = 0; i < 8; i++) y.put(i, elem8(a[k], i));
+                y.flush(dst, e[k]);
+            } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 cc + i */
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    double y0, y1;
+                    rotate_pair(elem8(a[k], 2 * i), elem8(a[k], 2 * i + 1), cs[4 * cc + i], sn[4 * cc + i], y0, y1);
+                    y.put(2 * i, y0);
+                    y.put(2 * i + 1, y1);
+                }
+                y.flush(dst, e[k]);
+            } else { /* j = 8 cc + i: a[k] the first half's elements, b[k] their partners */
+                out8<F32> y1;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    double r0, r1;
+                    rotate_pair(elem8(a[k], i), elem8(b[k], i), cs[8 * cc + i], sn[8 * cc + i], r0, r1);
+                    y.put(i, r0);
+                    y1.put(i, r1);
+                }
+                y.flush(dst, e[k]);
+                y1.flush(dst, e[k] + half);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_append_params p) {
     __shared__ double s_x[WARPS][STAGE];
     __shared__ double s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -168,6 +278,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_appe
             copy_rows((char *)p.k_cache + dst * ESZ, (const char *)p.k_new + src * ESZ, (i64)nh * D, lane);
             return;
         }
+        const char *ks = (const char *)p.k_new + src * ESZ;
+        char *kd = (char *)p.k_cache + dst * ESZ;
+        if (rows8_ok(p, nh, (u64)ks, (u64)kd)) {
+            __syncwarp(); /* cos/sin staged */
+            rotate_rows8<false>(p, ks, kd, nh, cs, sn, lane);
+            return;
+        }
         rotate_rows(p, (const void *)p.k_new, src, nh, x, cs, sn, lane,
                     [&](i64 e, double v) { pa_store_f64<PA_DTYPE>((void *)p.k_cache, dst + e, v); });
         return;
@@ -183,6 +300,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_append(const pa_appe
     const i64 off = (r * p.heads + h0) * (i64)D;
     stage_rot(pos);
     float *out = (float *)p.q_rot + off;
+    const char *qs = (const char *)p.q + off * ESZ;
+    if (rows8_ok(p, nh, (u64)qs, (u64)out)) {
+        __syncwarp(); /* cos/sin staged */
+        rotate_rows8<true>(p, qs, (char *)out, nh, cs, sn, lane);
+        return;
+    }
     rotate_rows(p, (const void *)p.q, off, nh, x, cs, sn, lane, [&](i64 e, double v) { out[e] = (float)v; });
 }
 

@@ -24,6 +24,7 @@
 --   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
 --   workloads with those environment variables set (kernel tuning sweeps);
 --   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads;
+--   PAGEDATTN_BENCH_APPEND_CONFIGS: the same for the rotary append rows;
 --   PAGEDATTN_BENCH_DECODE_WORKLOADS="8x16384,8x65536": more page-16 decode
 --   workloads (B x keys), in the main table and in every config's run (fits of
 --   time against bytes: a fixed cost per call and a streaming rate).
@@ -199,7 +200,7 @@ end
 
 -- rotary append: B sequences x n new tokens (k rotated, k and v written into
 -- their pages), no queries
-local function append(B, n, page)
+local function append(B, n, page, tag)
   local L = 4096
   local kc, vc, bt = make_cache(B, L, page)
   local k = assert(pa.randn({ B, n, HK, D }, DT, dev, 4))
@@ -210,8 +211,8 @@ local function append(B, n, page)
     rotary_interleaved = false }
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
   local kt, w = time_calls(call, iters)
-  decode_row(string.format("rotary append %dx%d tokens", B, n), layout(page), 4 * B * n * HK * D * ESZ, kt, w,
-    loop_calls(call, iters))
+  decode_row(string.format("rotary append %dx%d tokens%s", B, n, tag or ""), layout(page),
+    4 * B * n * HK * D * ESZ, kt, w, loop_calls(call, iters))
   collectgarbage()
 end
 
@@ -240,6 +241,10 @@ if run_decode then
   for _, wl in ipairs(extra_workloads) do decode(wl[1], wl[2], 16) end
   append(64, 512, 16)
   append(256, 1, 16)
+  with_configs("PAGEDATTN_BENCH_APPEND_CONFIGS", function(config)
+    append(64, 512, 16, " [" .. config .. "]")
+    append(256, 1, 16, " [" .. config .. "]")
+  end)
   -- tuning sweeps
   with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
     for _, wl in ipairs(page16_workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
