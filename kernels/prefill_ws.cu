@@ -28,6 +28,12 @@
  * Work items are never split (the host plans one item per query tile): the
  * epilogue writes out/lse directly, consumers only.
  *
+ * A block's start and end (kernels/NOTES.md, sessions 9 and 11): thread 0
+ * issues the Q tile's TMA boxes as soon as it has read the work item, warp
+ * 0 the first K/V tile's boxes from rows the host listed (no block-table
+ * round trip first), and each consumer's rows of O leave by TMA stores from
+ * its staged half of the Q tile.
+ *
  * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
  * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1).
  */
@@ -102,9 +108,9 @@ PA_DEV void tma_load(u32 dst, const void *map, int c0, int c1, int c2, u64 *bar)
 }
 
 /* A TMA box of the 3-D map from shared memory at src to (c0, c1, c2), in
- * this thread's bulk group; then until it has read src (the stores complete
- * on their own: a block's exit does not wait for them). */
-PA_DEV void tma_store_wait_read(const void *map, int c0, int c1, int c2, u32 src) {
+ * this thread's bulk group (tma_store_commit_wait_read: until the group has
+ * read shared memory; the global writes complete on their own). */
+PA_DEV void tma_store(const void *map, int c0, int c1, int c2, u32 src) {
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"((u64)map),
                  "r"(c0), "r"(c1), "r"(c2), "r"(src)
                  : "memory");
@@ -380,8 +386,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         pa_write_rows_swz<D, BM, GT, 64, 128>(p, w, hk, g0, smem, cw * 64, ctid & 127);
     } else if ((ctid & 127) == 0) {
         for (int blk = 0; blk < D / 64; blk++)
-            tma_store_wait_read(maps.o, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0 + cw * (QT / 2)),
-                                q_addr + blk * BM * 128 + cw * 64 * 128);
+            tma_store(maps.o, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0 + cw * (QT / 2)),
+                      q_addr + blk * BM * 128 + cw * 64 * 128);
         tma_store_commit_wait_read();
     }
     if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
