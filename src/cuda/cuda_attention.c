@@ -401,8 +401,8 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     return n;
 }
 
-/* One TMA descriptor: `rank` dimensions (innermost first), the strides of
- * the outer ones in bytes, 128-byte swizzle. */
+/* One 3-D TMA descriptor of the call's dtype: dims innermost first, the
+ * strides of the outer two in bytes, 128-byte swizzle. */
 static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, const void *base, const uint64_t *dims,
                          const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
     const int dtype = p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -435,16 +435,17 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const kerne
     const uint32_t box[3] = {64, 1, (uint32_t)kp->tma_rows};
     pa_status st = tma_map(ctx, p, p->k_cache, dims, strides, box, out->k);
     if (st == PA_OK) st = tma_map(ctx, p, p->v_cache, dims, strides, box, out->v);
-    out->q_tma = st == PA_OK && !q_f32 && kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31) &&
-                 ((uintptr_t)p->q & 15) == 0 && env_int("PAGEDATTN_PREFILL_TMA_Q", 1, 0, 1);
+    /* the tile's rows are GT heads x QT queries, and q rows are int32 coordinates */
+    const bool rows = kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31);
+    out->q_tma = st == PA_OK && rows && !q_f32 && ((uintptr_t)p->q & 15) == 0 &&
+                 env_int("PAGEDATTN_PREFILL_TMA_Q", 1, 0, 1);
     const uint64_t qdims[3] = {D, (uint64_t)p->heads, (uint64_t)p->total_q};
     const uint64_t qstrides[2] = {D * 2, (uint64_t)p->heads * D * 2};
     if (out->q_tma) {
         const uint32_t qbox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile};
         st = tma_map(ctx, p, p->q, qdims, qstrides, qbox, out->q);
     }
-    out->o_tma = st == PA_OK && kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31) &&
-                 ((uintptr_t)p->out & 15) == 0 && env_int("PAGEDATTN_PREFILL_TMA_O", 1, 0, 1);
+    out->o_tma = st == PA_OK && rows && ((uintptr_t)p->out & 15) == 0 && env_int("PAGEDATTN_PREFILL_TMA_O", 1, 0, 1);
     if (out->o_tma) {
         const uint32_t obox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile / 2};
         st = tma_map(ctx, p, p->out, qdims, qstrides, obox, out->o);
