@@ -5,9 +5,10 @@
 --   cp -r kernels /tmp/kp && patch -d /tmp/kp -p0 < scripts/micro/prefill_timeline.patch
 --   TRACE_DIR=/tmp/kp TRACE_WORKLOADS=4x2048,1x8192,4x1024+8192 scripts/run scripts/micro/prefill_timeline.lua
 -- A workload BxS is S causal new tokens per sequence on an empty cache,
--- BxS+C the same after C cached keys; page 16 (TRACE_PAGE=N: page N, 0: a
--- contiguous cache), bf16, 32 / 8 heads, head dim 128. Per workload: the
--- call's event time with the normal and the patched kernel, then the spread over the blocks of each phase:
+-- BxS+C the same after C cached keys; page 16 in random order (TRACE_PAGE=N:
+-- page N, 0: a contiguous cache; TRACE_ORDER below), bf16, 32 / 8 heads,
+-- head dim 128. Per workload: the call's event time with the normal and the
+-- patched kernel, then the spread over the blocks of each phase:
 --   T0 start, T1 roles part (work item read, rows), T2 producer issued tile
 --   0's K boxes, T3 consumer 0 has Q, T4 consumer 0 has K(0), T5 / T6
 --   consumer 0 / 1 past their loop, T15 consumer 0 past its last P V, T8 /
@@ -19,8 +20,11 @@ local sweep = require "pagedattn.sweep"
 local trace = require "scripts.micro.trace"
 local dev, pct = trace.dev, trace.pct
 local H, HK, D, QT = 32, 8, 128, 32
--- TRACE_PAGE: the cache's page size (default 16; 0: a contiguous cache)
+-- TRACE_PAGE: the cache's page size (default 16; 0: a contiguous cache);
+-- TRACE_ORDER=sequential: pages in order (block table = 0, 1, 2, ...; the
+-- boxes of a paged cache over contiguous memory), default random
 local page = tonumber(os.getenv("TRACE_PAGE") or "16")
+local order = os.getenv("TRACE_ORDER")
 local function line(name, a)
   table.sort(a)
   local s = 0
@@ -32,7 +36,7 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "4x2048,1x8192,4x1024+8192"):gmatch("
   local B, S, Cx = wl:match("^(%d+)x(%d+)%+?(%d*)$")
   B, S, Cx = tonumber(B), tonumber(S), tonumber(Cx) or 0
   local Sk = S + Cx
-  local kc, vc, bt = sweep.make_cache(pa, dev, B, Sk, HK, D, page, "bf16")
+  local kc, vc, bt = sweep.make_cache(pa, dev, B, Sk, HK, D, page, "bf16", order)
   local q = assert(pa.randn({ B, S, H, D }, "bf16", dev, 3))
   local out = assert(pa.tensor({ B, S, H, D }, "bf16", dev))
   local opts = { block_table = bt, cache_seqlens = Sk, out = out, causal = true }
@@ -64,7 +68,7 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "4x2048,1x8192,4x1024+8192"):gmatch("
     firsts[#firsts + 1] = (a[1][0] - t0) / 1e3
     for i = 2, #a do gaps[#gaps + 1] = (a[i][0] - a[i - 1][14]) / 1e3 end
   end
-  local layout = page > 0 and "page " .. page or "unpaged"
+  local layout = page > 0 and "page " .. page .. (order == "sequential" and " in order" or "") or "unpaged"
   print(string.format("== %s %s: event us normal %.1f, trace variant %.1f; blocks %d on %d SMs; span %.1f us",
     wl, layout, tn * 1e6, tt * 1e6, #recs, nsm, (tend - t0) / 1e3))
   local function phase(name, i, j)
