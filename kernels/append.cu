@@ -17,7 +17,7 @@
  *
  * 16-bit rows (rotate_rows8, where they allow): a lane takes 8 elements at
  * a time straight from memory (16-byte loads: GPT-J 4 pairs, GPT-NeoX 8
- * pairs from both halves) and stores them rotated as 16 bytes; 110 -> 89 us
+ * pairs from both halves) and stores them rotated as 16 bytes; 108-110 -> 84-89 us
  * at 64 x 512 tokens (session 11). Otherwise the rows are staged in double
  * too and a lane rotates a pair (GPT-J: elements 2j, 2j + 1; GPT-NeoX: j,
  * j + half) from the same four values (the kernel is issue-bound: ~95
