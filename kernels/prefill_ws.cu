@@ -59,9 +59,10 @@ constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
 constexpr int TMA_ROWS = PA_PAGE == -1 || PA_PAGE >= BN ? BN : PA_PAGE;
 constexpr int KALIGN = PA_TMA && PA_PAGE > 0 ? TMA_ROWS : 1;
 constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES;
-/* Q by TMA (where the host built its map, maps.q_tma): boxes of GT heads x
- * QT queries, which fill the tile's rows only where GT divides BM */
-constexpr bool TMA_Q = PA_TMA && QT * GT == BM;
+/* Q and O by TMA (where the host built their maps, maps.q_tma / o_tma):
+ * boxes of GT heads x QT queries, which fill the tile's rows only where GT
+ * divides BM */
+constexpr bool TMA_QO = PA_TMA && QT * GT == BM;
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -153,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     const int tiles_per_group = p.group / GT;
     const int hk = head_tile / tiles_per_group;
     const int g0 = (head_tile - hk * tiles_per_group) * GT;
-    const bool q_tma = TMA_Q && maps.q_tma;
+    const bool q_tma = TMA_QO && maps.q_tma;
     /* warp 0, lane j: box j of the first K/V tile, from the host (where it
      * gave them): loaded beside the work item, not after it */
     constexpr int NBOX = PA_TMA ? BN / TMA_ROWS : 1;
@@ -378,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_stage_rows_swz<D, BM, GT>(p, w, hk, g0, rs, o, R0, smem);
     /* by TMA where every row of the tile is a query (and the host built the
      * map): one thread's boxes instead of 8 loads and stores a thread */
-    const bool o_tma = TMA_Q && maps.o_tma && w.i0 + QT <= w.seqlen_q;
+    const bool o_tma = TMA_QO && maps.o_tma && w.i0 + QT <= w.seqlen_q;
     if (o_tma) pa_fence_proxy_async(); /* this thread's rows -> the TMA store (async proxy) */
     if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
     else asm volatile("bar.sync 5, 128;\n" ::: "memory");

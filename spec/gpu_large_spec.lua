@@ -217,10 +217,14 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
   end)
 
   -- enough new tokens (4 x 1104) that the append kernel takes a token per
-  -- warp (split 1): every kv head of a token in one warp, in two batches of
-  -- staged heads, and 32 q heads in eight
+  -- warp (split 1): every kv head of a token in one warp. Rotary dim 64:
+  -- the rows straight from memory, 8 elements a lane (rotate_rows8); 60 (not
+  -- whole 8-element chunks of pairs): staged, 8 kv heads in two batches.
   it("#gpu prefill 4 x 1104 causal, rotary append (GPT-J, partial), 32 / 8 heads: a warp per token", function()
     rotary_prefill("gpu large prefill warp per token", 4, small and 256 or 1104, 32, 8, 32, true)
+  end)
+  it("#gpu prefill 4 x 1104 causal, rotary append (GPT-J, rotary dim 60), 8 / 8 heads: staged rows", function()
+    rotary_prefill("gpu large prefill staged rows", 4, small and 256 or 1104, 8, 8, 30, true)
   end)
 
   it("#gpu contiguous caches with cache_batch_idx, batch 40, f32, one token appended", function()
