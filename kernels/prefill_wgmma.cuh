@@ -19,27 +19,36 @@ PA_DEV u32 pa_swz(int rows, int r, int ch) {
     return (u32)((ch >> 3) * rows * 128 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
+/* A K or V tile's layout in shared memory: 8-row atoms of 128-byte lines
+ * (1024 bytes, 128-byte swizzle); the atom of rows 8 g .. 8 g + 7 and
+ * columns 64 b .. 64 b + 63 at g GS + b BS. This default: 64-column blocks
+ * of BN rows (GS 1024, BS BN x 128; pa_swz). prefill_ws.cu's page boxes
+ * (tma=2) put each 8 rows' column blocks side by side instead. */
+template <int D, int BN> struct pa_kv_rows {
+    static constexpr u32 GS = 1024, BS = BN * 128;
+};
+
 /* Issue S = Q K^T for warpgroup wg's 64 rows of the BM-row Q tile at q_addr
- * and the BN-key K tile at k_addr (both K-major), 16 columns of the head dim
- * per wgmma. Not committed. */
-template <int D, int BM, int BN>
+ * and the BN-key K tile at k_addr (both K-major; K in layout L), 16 columns
+ * of the head dim per wgmma. Not committed. */
+template <int D, int BM, int BN, class L = pa_kv_rows<D, BN>>
 PA_DEV void pa_wg_qk(float (&s)[BN / 8][4], u32 q_addr, int wg, u32 k_addr) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const u32 blk = kk >> 2, sub = (kk & 3) * 32;
         const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + wg * 64 * 128 + sub, 16, 1024);
-        const u64 db = pa_wgmma_desc(k_addr + blk * BN * 128 + sub, 16, 1024);
+        const u64 db = pa_wgmma_desc(k_addr + blk * L::BS + sub, 16, L::GS);
         pa_wgmma_ss<BN>(s, da, db, kk > 0);
     }
 }
 
-/* Issue O += P V for the BN-key V tile at v_addr (MN-major), P from
- * registers, 16 keys per wgmma. Not committed. */
-template <int D, int BN>
+/* Issue O += P V for the BN-key V tile at v_addr (MN-major; layout L), P
+ * from registers, 16 keys (two 8-row atoms) per wgmma. Not committed. */
+template <int D, int BN, class L = pa_kv_rows<D, BN>>
 PA_DEV void pa_wg_pv(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++)
-        pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(v_addr + ks * 16 * 128, BN * 128, 1024), 1);
+        pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(v_addr + ks * 2 * L::GS, L::BS, L::GS), 1);
 }
 
 /* The tiles [t0, t1) of a block whose keys start at kbase that every row of
@@ -78,11 +87,11 @@ PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[
 }
 
 /* P V of the last tile, issued and waited for. */
-template <int D, int BN>
+template <int D, int BN, class L = pa_kv_rows<D, BN>>
 PA_DEV void pa_wg_pv_last(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
     pa_fence_operands(o);
     pa_wgmma_fence();
-    pa_wg_pv<D, BN>(o, pa, v_addr);
+    pa_wg_pv<D, BN, L>(o, pa, v_addr);
     pa_wgmma_commit();
     pa_wgmma_wait<0>();
     pa_fence_operands(o);

@@ -34,8 +34,17 @@
  * round trip first), and each consumer's rows of O leave by TMA stores from
  * its staged half of the Q tile.
  *
+ * Page boxes (PA_TMA 2, pages of 16 rows or more): one TMA box per page
+ * holds all of its rows' columns (a 5-D map: 64 elements, 8 rows, column
+ * blocks, kv heads, 8-row groups), where tma=1 issues one box per page and
+ * 64 columns; the K/V tiles then hold each 8 rows' column blocks side by
+ * side (pa_kv_rows's GS D / 64 x 1024, BS 1024), which the wgmma
+ * descriptors read as well as the default layout. Half the boxes at head dim
+ * 128 (8 instead of 16 a K or V tile at page 16).
+ *
  * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
- * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1).
+ * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1), PA_TMA (0
+ * the cp.async gather, 1 TMA boxes of 64 columns, 2 page boxes).
  */
 #ifndef PA_EMBED_ONLY
 #include "prefill_wgmma.cuh"
@@ -63,6 +72,12 @@ constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES;
  * boxes of GT heads x QT queries, which fill the tile's rows only where GT
  * divides BM */
 constexpr bool TMA_QO = PA_TMA && QT * GT == BM;
+/* the K/V tiles' layout (prefill_wgmma.cuh): page boxes put each 8 rows'
+ * column blocks side by side */
+constexpr bool PAGE_BOX = PA_TMA == 2;
+struct KVL {
+    static constexpr u32 GS = PAGE_BOX ? D / 64 * 1024 : 1024, BS = PAGE_BOX ? 1024 : BN * 128;
+};
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -70,6 +85,7 @@ static_assert(GT >= 1 && GT <= 16, "heads per tile");
 static_assert(PA_STAGES >= 2 && PA_STAGES <= 4, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(!PA_TMA || PA_PAGE == -1 || PA_PAGE >= 16, "TMA: contiguous caches or pages of 16 rows or more");
+static_assert(!PAGE_BOX || PA_PAGE >= 16, "page boxes: pages of 16 rows or more");
 } // namespace
 
 extern "C" __constant__ int pa_prefill_ws_info[4] = {NTHREADS, SMEM, BN, QT};
@@ -105,6 +121,15 @@ PA_DEV void tma_load(u32 dst, const void *map, int c0, int c1, int c2, u64 *bar)
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
                  "[%5];\n" ::"r"(dst),
                  "l"((u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(pa_smem_addr(bar))
+                 : "memory");
+}
+
+/* A page box (tma=2): the 5-D map's box at 8-row group c4 of kv head c3
+ * (all of its columns). */
+PA_DEV void tma_load_page(u32 dst, const void *map, int c3, int c4, u64 *bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %2, %2, "
+                 "%3, %4}], [%5];\n" ::"r"(dst),
+                 "l"((u64)map), "r"(0), "r"(c3), "r"(c4), "r"(pa_smem_addr(bar))
                  : "memory");
 }
 
@@ -233,6 +258,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
             return pid * ps + tok % ps;
         };
+        /* this lane's box (cache row `row`) into the tile at dst: one page box,
+         * or a box per 64 columns */
+        auto load_box = [&](u32 dst, const void *map, int row, u64 *bar) {
+            if constexpr (PAGE_BOX) {
+                tma_load_page(dst + lane * (TMA_ROWS / 8) * KVL::GS, map, hk, row / 8, bar);
+            } else {
+                for (int blk = 0; blk < D / 64; blk++)
+                    tma_load(dst + blk * BN * 128 + lane * TMA_ROWS * 128, map, blk * 64, hk, row, bar);
+            }
+        };
         int row = first_boxes ? first_row : box_row(0);
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
@@ -245,23 +280,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
             if (lane == 0) mbar_arrive_expect_tx(&full_k[s], bytes);
             __syncwarp(); /* the expected bytes before any box lands */
-            if (lane < nbox)
-                for (int blk = 0; blk < D / 64; blk++)
-                    tma_load(ks + blk * BN * 128 + lane * TMA_ROWS * 128, maps.k, blk * 64, hk, row, &full_k[s]);
+            if (lane < nbox) load_box(ks, maps.k, row, &full_k[s]);
             mbar_wait(&empty_v[s], ph ^ 1u);
             const bool tail = nkeys < BN;
             u64 *vbar = tail ? &v_last : &full_v[s];
             if (lane == 0) mbar_arrive_expect_tx(vbar, bytes);
             __syncwarp();
-            if (lane < nbox)
-                for (int blk = 0; blk < D / 64; blk++)
-                    tma_load(vs + blk * BN * 128 + lane * TMA_ROWS * 128, maps.v, blk * 64, hk, row, vbar);
+            if (lane < nbox) load_box(vs, maps.v, row, vbar);
             if (tail) { /* only the last tile: v_last completes once */
                 mbar_wait(&v_last, 0);
                 u8 *vt = smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES;
                 for (int e = lane; e < (BN - nkeys) * (D / 64) * 8; e += 32) {
                     const int c = e % 8, rb = e / 8, r = nkeys + rb % (BN - nkeys), blk = rb / (BN - nkeys);
-                    *(uint4 *)(vt + blk * BN * 128 + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+                    *(uint4 *)(vt + (r / 8) * KVL::GS + blk * KVL::BS + (r % 8) * 128 + c * 16) = make_uint4(0, 0, 0, 0);
                 }
                 pa_fence_proxy_async(); /* the zeros -> the consumers' wgmma */
                 __syncwarp();
@@ -347,10 +378,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         pa_fence_operands(o);
         turn_wait(cw);
         pa_wgmma_fence();
-        pa_wg_qk<D, BM, BN>(s, q_addr, cw, k_addr + st * KV_BYTES);
+        pa_wg_qk<D, BM, BN, KVL>(s, q_addr, cw, k_addr + st * KV_BYTES);
         pa_wgmma_commit();
         if constexpr (WITH_PV) {
-            pa_wg_pv<D, BN>(o, pa, v_tile(t - 1));
+            pa_wg_pv<D, BN, KVL>(o, pa, v_tile(t - 1));
             pa_wgmma_commit();
         }
         pa_wgmma_wait<0>();
@@ -370,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async();
-        pa_wg_pv_last<D, BN>(o, pa, v_tile(nt - 1));
+        pa_wg_pv_last<D, BN, KVL>(o, pa, v_tile(nt - 1));
     }
 
     /* epilogue, each consumer on its own (consumer 0's under consumer 1's

@@ -319,6 +319,30 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
     end
   end)
 
+  -- prefill_ws's TMA boxes (forced: small problems would go to the wgmma
+  -- kernel): page boxes (tma=2: a page's rows, every column, in one box; 2
+  -- to 16 8-row groups a box) at pages 16 to 256 and head dims 64 / 128 /
+  -- 256, appended or cached keys, duplicate pages; and the box per 64
+  -- columns (PAGEDATTN_PREFILL_PAGE_BOXES=0) at pages 16 and 256.
+  it("#gpu ws TMA boxes (forced ws): page boxes at pages 16/32/64/128/256, D 64/128/256; boxes of 64 columns", function()
+    local list = {
+      { Sq = 170, Sk = 207, page = 16, dup = true, B = 3 },
+      { Sq = 300, Sk = 1337, page = 32, D = 256, dtype = "f16", causal = true },
+      { Sq = 64, Sk = 250, page = 64, D = 64, group = 1, dup = true, B = 2 },
+      { Sq = 500, Sk = 500, page = 128, causal = true, append = true, B = 2 },
+      { Sq = 7, Sk = 4100, page = 256, D = 256, causal = true },
+      { Sq = 1031, Sk = 1031, page = 16, causal = true, append = true, Hk = 8, boxes = "0" },
+      { Sq = 100, Sk = 2085, page = 256, D = 64, dup = true, boxes = "0" },
+    }
+    for i, f in ipairs(list) do
+      local boxes = f.boxes or "1"
+      f.boxes = nil
+      H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws", PAGEDATTN_PREFILL_PAGE_BOXES = boxes }, function()
+        compare(kv_case("prefill ws boxes=" .. boxes, i, f))
+      end)
+    end
+  end)
+
   it("#gpu new tokens appended (k/v) then attended: prefill from empty and chunked prefill", function()
     local list = small and {
       { Sq = 170, Sk = 170, page = 16 }, { Sq = 64, Sk = 250, page = 48, dtype = "f16" },

@@ -60,6 +60,7 @@ typedef struct kernel_plan {
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
+    bool page_boxes;    /* TMA boxes of all columns (tma=2: a 5-D K/V map), else of 64 */
 } kernel_plan;
 
 /* Which kernel a sequence runs on. */
@@ -162,7 +163,9 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
          * PAGEDATTN_PREFILL_KERNEL=ws|wgmma|mma forces one. TMA: one box per
          * page (or per tile) and 64 columns, where pages hold 16 tokens or
          * more (a power of two) or the cache is contiguous;
-         * PAGEDATTN_PREFILL_TMA=0 keeps ws's cp.async gather. */
+         * PAGEDATTN_PREFILL_TMA=0 keeps ws's cp.async gather. Paged caches:
+         * one box per page with all of its columns (tma=2, kernels/NOTES.md
+         * session 12), PAGEDATTN_PREFILL_PAGE_BOXES=0 a box per 64 columns. */
         const char *force = getenv("PAGEDATTN_PREFILL_KERNEL");
         if (force && !*force) force = NULL;
         const bool hopper = strcmp(impl->arch, "sm_90a") == 0 && (D == 64 || D == 128 || D == 256);
@@ -172,11 +175,14 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
                          (int64_t)p->num_pages * p->page_size < ((int64_t)1 << 31); /* TMA coordinates: int32 */
         const bool ws = hopper && (force ? strcmp(force, "ws") == 0 : allow_ws && tma);
         const bool wgmma = hopper && !ws && !(force && strcmp(force, "mma") == 0);
+        kp->page_boxes = false; /* (a second plan of the same part may leave ws) */
         if (ws) {
             /* shared memory holds 4 stages at head dim 64, 3 at 128, 2 at 256 */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", D <= 128 ? 3 : 2, 2, D <= 64 ? 4 : D <= 128 ? 3 : 2);
+            const int tma_kind = !tma ? 0 : p->paged && env_int("PAGEDATTN_PREFILL_PAGE_BOXES", 1, 0, 1) ? 2 : 1;
             snprintf(variant, sizeof variant, "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
-                     dtype_str(p->dtype), D, gt, page, stages, natural, tma ? 1 : 0);
+                     dtype_str(p->dtype), D, gt, page, stages, natural, tma_kind);
+            kp->page_boxes = tma_kind == 2;
         } else if (wgmma) {
             /* 3: S reads tile t, P V tile t - 1, tile t + 1 loads */
             const int stages = env_int("PAGEDATTN_PREFILL_STAGES", 3, 3, 4);
@@ -401,19 +407,23 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     return n;
 }
 
-/* One 3-D TMA descriptor of the call's dtype: dims innermost first, the
- * strides of the outer two in bytes, 128-byte swizzle. */
-static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, const void *base, const uint64_t *dims,
-                         const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
+/* One TMA descriptor (3-D, or `rank`-D) of the call's dtype: dims innermost
+ * first, the strides of the outer ones in bytes, 128-byte swizzle. */
+static pa_status tma_map_rank(pa_context *ctx, const pa_attn_problem *p, int rank, const void *base,
+                              const uint64_t *dims, const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
     const int dtype = p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    const uint32_t unit[3] = {1, 1, 1};
+    const uint32_t unit[5] = {1, 1, 1, 1, 1};
     CUtensorMap m;
-    CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, 3, (void *)base, dims, strides, box, unit,
+    CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, (uint32_t)rank, (void *)base, dims, strides, box, unit,
                                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
     memcpy(out, m.opaque, sizeof m.opaque);
     return PA_OK;
+}
+static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, const void *base, const uint64_t *dims,
+                         const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
+    return tma_map_rank(ctx, p, 3, base, dims, strides, box, out);
 }
 
 /* prefill_ws.cu's TMA descriptors (kernels/params.h). The K and V caches:
@@ -433,8 +443,21 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const kerne
     const uint64_t dims[3] = {D, (uint64_t)p->kv_heads, (uint64_t)p->num_pages * (uint64_t)p->page_size};
     const uint64_t strides[2] = {D * 2, (uint64_t)p->kv_heads * D * 2}; /* bytes */
     const uint32_t box[3] = {64, 1, (uint32_t)kp->tma_rows};
-    pa_status st = tma_map(ctx, p, p->k_cache, dims, strides, box, out->k);
-    if (st == PA_OK) st = tma_map(ctx, p, p->v_cache, dims, strides, box, out->v);
+    pa_status st;
+    if (kp->page_boxes) {
+        /* page boxes: (64 elements, 8 rows, 64-column blocks, kv heads, 8-row
+         * groups), a box of a page's rows (or a tile's), every column block,
+         * landing as the kernel's KVL layout (each 8 rows' blocks side by side) */
+        const uint64_t row = (uint64_t)p->kv_heads * D * 2;
+        const uint64_t pdims[5] = {64, 8, D / 64, (uint64_t)p->kv_heads, dims[2] / 8};
+        const uint64_t pstrides[4] = {row, 128, D * 2, 8 * row};
+        const uint32_t pbox[5] = {64, 8, (uint32_t)(D / 64), 1, (uint32_t)kp->tma_rows / 8};
+        st = tma_map_rank(ctx, p, 5, p->k_cache, pdims, pstrides, pbox, out->k);
+        if (st == PA_OK) st = tma_map_rank(ctx, p, 5, p->v_cache, pdims, pstrides, pbox, out->v);
+    } else {
+        st = tma_map(ctx, p, p->k_cache, dims, strides, box, out->k);
+        if (st == PA_OK) st = tma_map(ctx, p, p->v_cache, dims, strides, box, out->v);
+    }
     /* the tile's rows are GT heads x QT queries, and q rows are int32 coordinates */
     const bool rows = kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31);
     out->q_tma = st == PA_OK && rows && !q_f32 && ((uintptr_t)p->q & 15) == 0 &&

@@ -75,7 +75,8 @@ static pa_status parse_value(pa_context *ctx, const char *variant, const char *k
     else if (strcmp(key, "natural") == 0) ok = v == 0 || v == 1;
     else if (strcmp(key, "minb") == 0) ok = v >= 1 && v <= 4;
     else if (strcmp(key, "kpw") == 0) ok = v == 8 || v == 16;
-    else if (strcmp(key, "tma") == 0 || strcmp(key, "persist") == 0) ok = v == 0 || v == 1;
+    else if (strcmp(key, "tma") == 0) ok = v >= 0 && v <= 2;
+    else if (strcmp(key, "persist") == 0) ok = v == 0 || v == 1;
     else ok = false;
     if (!ok) goto bad;
     char upper[16];
@@ -138,6 +139,9 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
     if (tma && page != -1 && page < 16)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "kernel variant '%s': tma=1 takes contiguous caches or pages of 16 tokens or more", name);
+    if (tma == 2 && page < 16)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': tma=2 (page boxes) takes pages of 16 tokens or more",
+                       name);
     const bool mma = strcmp(out->kind->kind, "decode_mma") == 0;
     const bool decode = mma || strcmp(out->kind->kind, "decode") == 0;
     if (decode && nq * gt > (mma ? 16 : 8))
@@ -215,6 +219,9 @@ static const char *const catalog[] = {
     "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=1",
     "prefill_ws dtype=f16 D=64 gt=1 page=256 stages=4 natural=1 tma=1",
     "prefill_ws dtype=bf16 D=256 gt=8 page=contig stages=2 natural=0 tma=1",
+    "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=2",
+    "prefill_ws dtype=f16 D=64 gt=1 page=32 stages=4 natural=1 tma=2",
+    "prefill_ws dtype=bf16 D=256 gt=8 page=256 stages=2 natural=0 tma=2",
 };
 
 int pa_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }
