@@ -322,9 +322,10 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
   -- prefill_ws's TMA boxes (forced: small problems would go to the wgmma
   -- kernel): page boxes (tma=2: a page's rows, every column, in one box; 2
   -- to 16 8-row groups a box) at pages 16 to 256 and head dims 64 / 128 /
-  -- 256, appended or cached keys, duplicate pages; and the box per 64
-  -- columns (PAGEDATTN_PREFILL_PAGE_BOXES=0) at pages 16 and 256.
-  it("#gpu ws TMA boxes (forced ws): page boxes at pages 16/32/64/128/256, D 64/128/256; boxes of 64 columns", function()
+  -- 256, appended or cached keys, duplicate pages; the box per 64 columns
+  -- (PAGEDATTN_PREFILL_PAGE_BOXES=0) at pages 16 and 256; and the cp.async
+  -- gather (pages of 48: no TMA).
+  it("#gpu ws TMA boxes (forced ws): page boxes at pages 16/32/64/128/256, D 64/128/256; boxes of 64 columns; gather", function()
     local list = {
       { Sq = 170, Sk = 207, page = 16, dup = true, B = 3 },
       { Sq = 300, Sk = 1337, page = 32, D = 256, dtype = "f16", causal = true },
@@ -333,6 +334,8 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
       { Sq = 7, Sk = 4100, page = 256, D = 256, causal = true },
       { Sq = 1031, Sk = 1031, page = 16, causal = true, append = true, Hk = 8, boxes = "0" },
       { Sq = 100, Sk = 2085, page = 256, D = 64, dup = true, boxes = "0" },
+      { Sq = 170, Sk = 300, page = 48, causal = true, append = true, B = 2 },
+      { Sq = 64, Sk = 700, page = 48, D = 256, dup = true },
     }
     for i, f in ipairs(list) do
       local boxes = f.boxes or "1"
