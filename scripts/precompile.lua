@@ -59,11 +59,10 @@ if #variants == 0 then
             -- ws: TMA where the pages hold 16 tokens or more (or the cache is contiguous)
             -- (paged: page boxes, tma=2, and tma=1 for PAGEDATTN_PREFILL_PAGE_BOXES=0)
             local tma = (page == "contig" or (tonumber(page) or 0) >= 16) and 1 or 0
-            variants[#variants + 1] = string.format("prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d",
-              dt, D, gt, page, D <= 128 and 3 or 2, natural, tma)
+            local ws = "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d"
+            variants[#variants + 1] = string.format(ws, dt, D, gt, page, D <= 128 and 3 or 2, natural, tma)
             if (tonumber(page) or 0) >= 16 then
-              variants[#variants + 1] = string.format("prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=2",
-                dt, D, gt, page, D <= 128 and 3 or 2, natural)
+              variants[#variants + 1] = string.format(ws, dt, D, gt, page, D <= 128 and 3 or 2, natural, 2)
             end
           end
         end

@@ -325,7 +325,7 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
   -- 256, appended or cached keys, duplicate pages; the box per 64 columns
   -- (PAGEDATTN_PREFILL_PAGE_BOXES=0) at pages 16 and 256; and the cp.async
   -- gather (pages of 48: no TMA).
-  it("#gpu ws TMA boxes (forced ws): page boxes at pages 16/32/64/128/256, D 64/128/256; boxes of 64 columns; gather", function()
+  it("#gpu ws TMA boxes (forced ws): page boxes at pages 16-256, D 64/128/256; boxes of 64 columns; gather", function()
     local list = {
       { Sq = 170, Sk = 207, page = 16, dup = true, B = 3 },
       { Sq = 300, Sk = 1337, page = 32, D = 256, dtype = "f16", causal = true },
