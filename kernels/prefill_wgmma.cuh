@@ -21,17 +21,18 @@ PA_DEV u32 pa_swz(int rows, int r, int ch) {
 
 /* A K or V tile's layout in shared memory: 8-row atoms of 128-byte lines
  * (1024 bytes, 128-byte swizzle); the atom of rows 8 g .. 8 g + 7 and
- * columns 64 b .. 64 b + 63 at g GS + b BS. This default: 64-column blocks
- * of BN rows (GS 1024, BS BN x 128; pa_swz). prefill_ws.cu's page boxes
- * (tma=2) put each 8 rows' column blocks side by side instead. */
-template <int D, int BN> struct pa_kv_rows {
-    static constexpr u32 GS = 1024, BS = BN * 128;
+ * columns 64 b .. 64 b + 63 at g GS_ + b BS_. The default (pa_kv_rows):
+ * 64-column blocks of BN rows, as pa_swz lays them out; prefill_ws.cu's
+ * page boxes (tma=2) put each 8 rows' column blocks side by side. */
+template <u32 GS_, u32 BS_> struct pa_kv_layout {
+    static constexpr u32 GS = GS_, BS = BS_;
 };
+template <int BN> using pa_kv_rows = pa_kv_layout<1024, BN * 128>;
 
 /* Issue S = Q K^T for warpgroup wg's 64 rows of the BM-row Q tile at q_addr
  * and the BN-key K tile at k_addr (both K-major; K in layout L), 16 columns
  * of the head dim per wgmma. Not committed. */
-template <int D, int BM, int BN, class L = pa_kv_rows<D, BN>>
+template <int D, int BM, int BN, class L = pa_kv_rows<BN>>
 PA_DEV void pa_wg_qk(float (&s)[BN / 8][4], u32 q_addr, int wg, u32 k_addr) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
@@ -44,7 +45,7 @@ PA_DEV void pa_wg_qk(float (&s)[BN / 8][4], u32 q_addr, int wg, u32 k_addr) {
 
 /* Issue O += P V for the BN-key V tile at v_addr (MN-major; layout L), P
  * from registers, 16 keys (two 8-row atoms) per wgmma. Not committed. */
-template <int D, int BN, class L = pa_kv_rows<D, BN>>
+template <int D, int BN, class L = pa_kv_rows<BN>>
 PA_DEV void pa_wg_pv(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++)
@@ -87,7 +88,7 @@ PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[
 }
 
 /* P V of the last tile, issued and waited for. */
-template <int D, int BN, class L = pa_kv_rows<D, BN>>
+template <int D, int BN, class L = pa_kv_rows<BN>>
 PA_DEV void pa_wg_pv_last(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
     pa_fence_operands(o);
     pa_wgmma_fence();

@@ -38,8 +38,8 @@
  * holds all of its rows' columns (a 5-D map: 64 elements, 8 rows, column
  * blocks, kv heads, 8-row groups), where tma=1 issues one box per page and
  * 64 columns; the K/V tiles then hold each 8 rows' column blocks side by
- * side (pa_kv_rows's GS D / 64 x 1024, BS 1024), which the wgmma
- * descriptors read as well as the default layout. Half the boxes at head dim
+ * side (KVL below: pa_kv_layout's GS D / 64 x 1024, BS 1024), which the
+ * wgmma descriptors read as well as the default layout. Half the boxes at head dim
  * 128 (8 instead of 16 a K or V tile at page 16).
  *
  * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
@@ -75,9 +75,7 @@ constexpr bool TMA_QO = PA_TMA && QT * GT == BM;
 /* the K/V tiles' layout (prefill_wgmma.cuh): page boxes put each 8 rows'
  * column blocks side by side */
 constexpr bool PAGE_BOX = PA_TMA == 2;
-struct KVL {
-    static constexpr u32 GS = PAGE_BOX ? D / 64 * 1024 : 1024, BS = PAGE_BOX ? 1024 : BN * 128;
-};
+using KVL = pa_kv_layout<PAGE_BOX ? D / 64 * 1024 : 1024, PAGE_BOX ? 1024 : BN * 128>;
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -258,14 +256,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
             return pid * ps + tok % ps;
         };
-        /* this lane's box (cache row `row`) into the tile at dst: one page box,
-         * or a box per 64 columns */
+        /* this lane's box (cache row `row`, the tile's rows from lane x
+         * TMA_ROWS) into the tile at dst: one page box, or a box per 64 columns */
         auto load_box = [&](u32 dst, const void *map, int row, u64 *bar) {
+            const u32 at = dst + lane * (TMA_ROWS / 8) * KVL::GS;
             if constexpr (PAGE_BOX) {
-                tma_load_page(dst + lane * (TMA_ROWS / 8) * KVL::GS, map, hk, row / 8, bar);
+                tma_load_page(at, map, hk, row / 8, bar);
             } else {
-                for (int blk = 0; blk < D / 64; blk++)
-                    tma_load(dst + blk * BN * 128 + lane * TMA_ROWS * 128, map, blk * 64, hk, row, bar);
+                for (int blk = 0; blk < D / 64; blk++) tma_load(at + blk * KVL::BS, map, blk * 64, hk, row, bar);
             }
         };
         int row = first_boxes ? first_row : box_row(0);

@@ -55,6 +55,10 @@ describe("NVRTC kernel compilation", function()
       { "decode dtype=bf16 D=100 nq=1 gt=4 page=16 stages=3 maxp=1024", "D=100" },
       { "decode dtype=bf16 D=128 nq=4 gt=4 page=16 stages=3 maxp=1024", "nq * gt" },
       { "decode dtype=bf16 D=128 nq=1 gt=4 page=12 stages=3 maxp=1024", "page=12" },
+      { "prefill_ws dtype=bf16 D=128 gt=4 page=8 stages=3 natural=0 tma=1", "tma=1 takes" },
+      { "prefill_ws dtype=bf16 D=128 gt=4 page=8 stages=3 natural=0 tma=2", "tma=2 (page boxes)" },
+      { "prefill_ws dtype=bf16 D=128 gt=4 page=contig stages=3 natural=0 tma=2", "tma=2 (page boxes)" },
+      { "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=3", "tma=3" },
       { "util extra=1", "unexpected" },
       { "matmul", "unknown kind" },
     }

@@ -429,7 +429,8 @@ static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, const void *
 /* prefill_ws.cu's TMA descriptors (kernels/params.h). The K and V caches:
  * 3-D (head-dim elements, kv heads, cache rows = page * page_size + slot;
  * contiguous caches: batch row * S_cache + position), boxes of 64 elements x
- * 1 head x kp->tma_rows rows, what the producer loads per page (or tile).
+ * 1 head x kp->tma_rows rows, what the producer loads per page (or tile);
+ * with page boxes (tma=2) 5-D, a box of kp->tma_rows rows with all columns.
  * q, unless it is the rotated f32 copy (q_f32) or the tile's GT heads x QT
  * queries do not fill its 128 rows: (head-dim elements, heads, q rows),
  * boxes of 64 elements x GT heads x QT queries, so that the Q tile lands in

@@ -136,12 +136,12 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(key, "tma") == 0) tma = v;
         if (strcmp(key, "persist") == 0) persist = v;
     }
-    if (tma && page != -1 && page < 16)
-        return pa_fail(ctx, PA_ERR_ARGUMENT,
-                       "kernel variant '%s': tma=1 takes contiguous caches or pages of 16 tokens or more", name);
     if (tma == 2 && page < 16)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': tma=2 (page boxes) takes pages of 16 tokens or more",
                        name);
+    if (tma && page != -1 && page < 16)
+        return pa_fail(ctx, PA_ERR_ARGUMENT,
+                       "kernel variant '%s': tma=1 takes contiguous caches or pages of 16 tokens or more", name);
     const bool mma = strcmp(out->kind->kind, "decode_mma") == 0;
     const bool decode = mma || strcmp(out->kind->kind, "decode") == 0;
     if (decode && nq * gt > (mma ? 16 : 8))
