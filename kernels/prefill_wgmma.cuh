@@ -32,23 +32,26 @@ template <int BN> using pa_kv_rows = pa_kv_layout<1024, BN * 128>;
 /* Issue S = Q K^T for warpgroup wg's 64 rows of the BM-row Q tile at q_addr
  * and the BN-key K tile at k_addr (both K-major; K in layout L), 16 columns
  * of the head dim per wgmma. Not committed. */
-template <int D, int BM, int BN, class L = pa_kv_rows<BN>>
+template <int D, int BM, int BN, class L = pa_kv_rows<BN>, int NK = BN>
 PA_DEV void pa_wg_qk(float (&s)[BN / 8][4], u32 q_addr, int wg, u32 k_addr) {
+    static_assert(NK == BN || (NK % 64 == 0 && NK < BN), "the first NK keys: whole n64 products");
+    float(&sk)[NK / 8][4] = reinterpret_cast<float(&)[NK / 8][4]>(s[0]); /* NK < BN: s's first NK columns */
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const u32 blk = kk >> 2, sub = (kk & 3) * 32;
         const u64 da = pa_wgmma_desc(q_addr + blk * BM * 128 + wg * 64 * 128 + sub, 16, 1024);
         const u64 db = pa_wgmma_desc(k_addr + blk * L::BS + sub, 16, L::GS);
-        pa_wgmma_ss<BN>(s, da, db, kk > 0);
+        pa_wgmma_ss<NK>(sk, da, db, kk > 0);
     }
 }
 
 /* Issue O += P V for the BN-key V tile at v_addr (MN-major; layout L), P
- * from registers, 16 keys (two 8-row atoms) per wgmma. Not committed. */
-template <int D, int BN, class L = pa_kv_rows<BN>>
+ * from registers, 16 keys (two 8-row atoms) per wgmma; the first NK keys
+ * only where the rest of P is 0. Not committed. */
+template <int D, int BN, class L = pa_kv_rows<BN>, int NK = BN>
 PA_DEV void pa_wg_pv(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ks++)
+    for (int ks = 0; ks < NK / 16; ks++)
         pa_wgmma_rs<D>(o, pa[ks], pa_wgmma_desc(v_addr + ks * 2 * L::GS, L::BS, L::GS), 1);
 }
 
@@ -88,11 +91,11 @@ PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[
 }
 
 /* P V of the last tile, issued and waited for. */
-template <int D, int BN, class L = pa_kv_rows<BN>>
+template <int D, int BN, class L = pa_kv_rows<BN>, int NK = BN>
 PA_DEV void pa_wg_pv_last(float (&o)[D / 8][4], const u32 (&pa)[BN / 16][4], u32 v_addr) {
     pa_fence_operands(o);
     pa_wgmma_fence();
-    pa_wg_pv<D, BN, L>(o, pa, v_addr);
+    pa_wg_pv<D, BN, L, NK>(o, pa, v_addr);
     pa_wgmma_commit();
     pa_wgmma_wait<0>();
     pa_fence_operands(o);

@@ -14,11 +14,11 @@
  * without any block-wide barrier, the gather's instructions out of their
  * issue slots. The consumers take turns on the tensor cores (ping-pong on
  * two named barriers, flash-attention 3's schedule): a consumer issues S(t)
- * and P V(t - 1) in its turn and passes the turn once they have completed,
- * so each one's softmax runs under the other's products. (Passing it as soon
- * as they were issued let the two consumers' products interleave on the
- * tensor cores and finish together, and both softmaxes then ran at the same
- * time: 365 against 399 TFLOP/s, kernels/NOTES.md.)
+ * and P V(t - 1) in its turn and passes the turn as soon as they are issued
+ * (the other's products queue behind them), then runs the softmax of S(t)
+ * once S(t) alone has completed, under its own P V(t - 1) and the other's
+ * products. (Session 5 passed the turn once both had completed: faster
+ * than this schedule then, 3-4 % slower since session 13, kernels/NOTES.md.)
  *
  * Each producer thread copies one row of every tile (TPR threads per row),
  * so it resolves one page per tile: its page id loaded a tile ahead, one
@@ -344,14 +344,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
     /* tiles every row takes whole run without range checks (uniform over
      * both consumers: the step variants hold different wgmma instructions) */
-    __shared__ int s_wr[16];
+    __shared__ int s_wr[24];
+    const int lane_hi = __reduce_max_sync(0xffffffffu, (unsigned)max(rs.hi0, rs.hi1));
     if (lane == 0) {
         s_wr[cwarp] = rs.wlo;
         s_wr[8 + cwarp] = rs.whi;
+        s_wr[16 + cwarp] = lane_hi;
     }
     consumers_sync();
     int ti0, ti1;
     pa_interior_tiles(s_wr, 8, kbase, BN, nt, ti0, ti1);
+    /* the last tile's keys from BN / 2 on masked for all of this consumer's
+     * rows (a causal diagonal): its S and P V over the first half only */
+    const int chi = max(max(s_wr[16 + 4 * cw], s_wr[17 + 4 * cw]), max(s_wr[18 + 4 * cw], s_wr[19 + 4 * cw]));
+    const bool half_last = D == 128 && !PA_NATURAL && nt > 1 && chi <= kbase + (nt - 1) * BN + BN / 2;
 
     float o[D / 8][4];
     pa_zero(o);
@@ -365,8 +371,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     mbar_wait(&bar_q, 0);
     if (cw == 1) turn_pass(1); /* consumer 0 issues first */
     /* one iteration; WITH_PV false for tile 0 only (peeled, see prefill_wgmma.cu) */
-    auto step = [&](int t, auto with_pv, auto masked) {
+    auto step = [&](int t, auto with_pv, auto masked, auto half) {
         constexpr bool WITH_PV = decltype(with_pv)::value;
+        constexpr int NK = decltype(half)::value && BN >= 128 ? BN / 2 : BN;
         const int st = t % PA_STAGES;
         mbar_wait(&full_k[st], (u32)(t / PA_STAGES) & 1u);
         if constexpr (WITH_PV) mbar_wait(&full_v[(t - 1) % PA_STAGES], (u32)((t - 1) / PA_STAGES) & 1u);
@@ -376,30 +383,48 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         pa_fence_operands(o);
         turn_wait(cw);
         pa_wgmma_fence();
-        pa_wg_qk<D, BM, BN, KVL>(s, q_addr, cw, k_addr + st * KV_BYTES);
+        pa_wg_qk<D, BM, BN, KVL, NK>(s, q_addr, cw, k_addr + st * KV_BYTES);
         pa_wgmma_commit();
         if constexpr (WITH_PV) {
             pa_wg_pv<D, BN, KVL>(o, pa, v_tile(t - 1));
             pa_wgmma_commit();
         }
-        pa_wgmma_wait<0>();
-        turn_pass(cw); /* S(t) and P V(t - 1) have completed: the other consumer's turn */
+        turn_pass(cw); /* issued: the other consumer's products queue behind these */
+        pa_wgmma_wait<WITH_PV ? 1 : 0>(); /* S(t) has completed; P V(t - 1) may still run */
         pa_fence_operands(s);
+        if constexpr (NK < BN) { /* the masked half: defined here, so the last tile's P is not kept live */
+#pragma unroll
+            for (int n = NK / 8; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = -PA_INF;
+        }
         release(&empty_k[st]);
-        if constexpr (WITH_PV) release(&empty_v[(t - 1) % PA_STAGES]);
-
         pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, kbase + t * BN);
+        if constexpr (WITH_PV) release(&empty_v[(t - 1) % PA_STAGES]); /* P V(t - 1) retired in the softmax */
     };
-    if (nt > 0) step(0, pa_bool<false>{}, pa_bool<true>{});
-    for (int t = 1; t < nt; t++) {
-        /* (head dim 256: masked always; the split costs spills at 168 registers) */
-        if (D <= 128 && t >= ti0 && t < ti1) step(t, pa_bool<true>{}, pa_bool<false>{});
-        else step(t, pa_bool<true>{}, pa_bool<true>{});
+    constexpr pa_bool<false> F{};
+    constexpr pa_bool<true> T{};
+    /* (head dim 256: masked always; the split costs spills at 168 registers) */
+    if (nt > 0) {
+        if (D <= 128 && ti0 == 0 && ti1 > 0) step(0, F, F, F); /* tile 0 interior */
+        else step(0, F, T, F);
+    }
+    /* head dim 128: the last tile peeled (a third variant in the loop slows
+     * every step, kernels/NOTES.md); head dim 64 and the natural variants
+     * (ALiBi, softcap) serialise their products then */
+    constexpr bool PEEL = D == 128 && !PA_NATURAL;
+    for (int t = 1; t < (PEEL ? nt - 1 : nt); t++) {
+        if (D <= 128 && t >= ti0 && t < ti1) step(t, T, F, F);
+        else step(t, T, T, F);
+    }
+    if (PEEL && nt > 1) {
+        if (nt - 1 >= ti0 && nt - 1 < ti1) step(nt - 1, T, F, F);
+        else if (half_last) step(nt - 1, T, T, T);
+        else step(nt - 1, T, T, F);
     }
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async();
-        pa_wg_pv_last<D, BN, KVL>(o, pa, v_tile(nt - 1));
+        if (D == 128 && !PA_NATURAL && half_last) pa_wg_pv_last<D, BN, KVL, (BN >= 128 ? BN / 2 : BN)>(o, pa, v_tile(nt - 1));
+        else pa_wg_pv_last<D, BN, KVL>(o, pa, v_tile(nt - 1));
     }
 
     /* epilogue, each consumer on its own (consumer 0's under consumer 1's

@@ -411,6 +411,37 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
   it("#gpu varlen mixed batch, the new tokens appended (k/v) in the same call", function()
     compare(mixed_case("prefill varlen mixed append", true))
   end)
+
+  -- prefill_ws's schedule (session 13, forced ws): a causal diagonal whose
+  -- upper 64 keys are masked for all of a consumer's rows runs half products
+  -- (head dim 128, the last tile peeled), tile 0 unmasked where every row
+  -- takes it whole, sequences ordered by their longest query tile. Causal
+  -- offsets (Sk - Sq) at every residue of the 32-query tiles, a partial last
+  -- tile of <= 64 keys without causality, a window (tile 0 masked), ALiBi
+  -- (the natural variant: no peel), head dim 64, sequences of different
+  -- lengths, and the mixed varlen batch under both orders.
+  it("#gpu ws schedule (forced ws): half diagonal tiles, unmasked tile 0, sequence order", function()
+    local list = {
+      { Sq = 300, Sk = 300, causal = true, B = 3, dup = true },
+      { Sq = 333, Sk = 1352, causal = true, Hk = 8, B = 2 },
+      { Sq = 250, Sk = 1269, page = 32, causal = true, append = true },
+      { Sq = 200, Sk = 2100, B = 2 },
+      { Sq = 129, Sk = 1000, causal = true, window = { 200, 0 } },
+      { Sq = 170, Sk = 700, page = 64, causal = true, alibi = true },
+      { Sq = 300, Sk = 563, D = 64, causal = true, dup = true },
+      { Sq = 96, Sk = 160, causal = true, B = 4 },
+    }
+    for i, f in ipairs(list) do
+      H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws" }, function()
+        compare(kv_case("prefill ws schedule", i, f))
+      end)
+    end
+    for _, order in ipairs({ "0", "1" }) do
+      H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws", PAGEDATTN_PREFILL_ORDER = order }, function()
+        compare(mixed_case("prefill ws schedule varlen order=" .. order, false))
+      end)
+    end
+  end)
 end)
 
 ---------------------------------------------------------------------------
