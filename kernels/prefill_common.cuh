@@ -17,12 +17,17 @@
 #include "mma.cuh"
 
 /* Key ranges of the block's rows (clipped to the item's [k0, k1); empty for
- * padding rows) and, when natural, their ALiBi slopes (base 2). */
+ * padding rows) and, when natural, their ALiBi slopes (base 2); by threads
+ * tid = 0 .. nthr - 1 (default: the whole block). */
 template <int BM, int GT, int NATURAL>
 __device__ void pa_prefill_rows(const pa_attn_params &p, const pa_work &w, int hk, int g0, int *s_lo, int *s_hi,
-                                float *s_slope) {
+                                float *s_slope, int tid = -1, int nthr = 0) {
     constexpr int ROWS = BM / GT * GT;
-    for (int r = threadIdx.x; r < BM; r += blockDim.x) {
+    if (tid < 0) {
+        tid = threadIdx.x;
+        nthr = blockDim.x;
+    }
+    for (int r = tid; r < BM; r += nthr) {
         const int qi = w.i0 + r / GT;
         const bool in = r < ROWS && qi < w.seqlen_q;
         int lo = 0, hi = 0;

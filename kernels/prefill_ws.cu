@@ -212,8 +212,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     const pa_work w = s_w;
     const int kbase = w.k0 - w.k0 % KALIGN; /* tile t holds keys kbase + t BN .. + BN - 1 */
     const int nt = (w.k1 - kbase + BN - 1) / BN;
-    pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope);
-    __syncthreads(); /* the last block-wide barrier: the roles part here */
+    /* the last block-wide barrier was the one above: the producer starts on
+     * the first tile while the consumers find their rows' key ranges */
 
     if (wg == 0) {
         /* ---- producer ---- */
@@ -341,6 +341,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     const int ctid = tid - 128, lane = tid & 31, cwarp = ctid >> 5, cw = cwarp >> 2;
     const int R0 = cw * 64 + (cwarp & 3) * 16 + (lane >> 2);
+    pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope, ctid, 256);
+    consumers_sync();
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
     /* tiles every row takes whole run without range checks (uniform over
      * both consumers: the step variants hold different wgmma instructions) */

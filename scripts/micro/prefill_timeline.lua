@@ -9,7 +9,7 @@
 -- page N, 0: a contiguous cache; TRACE_ORDER below), bf16, 32 / 8 heads,
 -- head dim 128. Per workload: the call's event time with the normal and the
 -- patched kernel, then the spread over the blocks of each phase:
---   T0 start, T1 roles part (work item read, rows), T2 producer issued tile
+--   T0 start, T1 roles part (work item read, barrier), T2 producer issued tile
 --   0's K boxes, T3 consumer 0 has Q, T4 consumer 0 has K(0), T5 / T6
 --   consumer 0 / 1 past their loop, T15 consumer 0 past its last P V, T8 /
 --   T7 consumer 0 / 1 has written its rows, T14 both have (the block's end);
