@@ -347,19 +347,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     /* tiles every row takes whole run without range checks (uniform over
      * both consumers: the step variants hold different wgmma instructions) */
     __shared__ int s_wr[24];
-    const int lane_hi = __reduce_max_sync(0xffffffffu, (unsigned)max(rs.hi0, rs.hi1));
+    const int warp_hi = (int)__reduce_max_sync(0xffffffffu, (unsigned)max(rs.hi0, rs.hi1)); /* its rows end by then */
     if (lane == 0) {
         s_wr[cwarp] = rs.wlo;
         s_wr[8 + cwarp] = rs.whi;
-        s_wr[16 + cwarp] = lane_hi;
+        s_wr[16 + cwarp] = warp_hi;
     }
     consumers_sync();
     int ti0, ti1;
     pa_interior_tiles(s_wr, 8, kbase, BN, nt, ti0, ti1);
-    /* the last tile's keys from BN / 2 on masked for all of this consumer's
-     * rows (a causal diagonal): its S and P V over the first half only */
+    /* head dim 128: the last tile peeled from the loop (a third variant in
+     * the loop slows every step, kernels/NOTES.md; head dim 64 and the
+     * natural variants (ALiBi, softcap) serialise their products then), and
+     * where its keys from BN / 2 on are masked for all of this consumer's
+     * rows (a causal diagonal), its S and P V over the first half only */
+    constexpr bool PEEL = D == 128 && !PA_NATURAL;
     const int chi = max(max(s_wr[16 + 4 * cw], s_wr[17 + 4 * cw]), max(s_wr[18 + 4 * cw], s_wr[19 + 4 * cw]));
-    const bool half_last = D == 128 && !PA_NATURAL && nt > 1 && chi <= kbase + (nt - 1) * BN + BN / 2;
+    const bool half_last = PEEL && nt > 1 && chi <= kbase + (nt - 1) * BN + BN / 2;
 
     float o[D / 8][4];
     pa_zero(o);
@@ -375,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     /* one iteration; WITH_PV false for tile 0 only (peeled, see prefill_wgmma.cu) */
     auto step = [&](int t, auto with_pv, auto masked, auto half) {
         constexpr bool WITH_PV = decltype(with_pv)::value;
-        constexpr int NK = decltype(half)::value && BN >= 128 ? BN / 2 : BN;
+        constexpr int NK = decltype(half)::value && BN >= 128 ? BN / 2 : BN; /* half: head dim 128 only (PEEL) */
         const int st = t % PA_STAGES;
         mbar_wait(&full_k[st], (u32)(t / PA_STAGES) & 1u);
         if constexpr (WITH_PV) mbar_wait(&full_v[(t - 1) % PA_STAGES], (u32)((t - 1) / PA_STAGES) & 1u);
@@ -409,24 +413,26 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         if (D <= 128 && ti0 == 0 && ti1 > 0) step(0, F, F, F); /* tile 0 interior */
         else step(0, F, T, F);
     }
-    /* head dim 128: the last tile peeled (a third variant in the loop slows
-     * every step, kernels/NOTES.md); head dim 64 and the natural variants
-     * (ALiBi, softcap) serialise their products then */
-    constexpr bool PEEL = D == 128 && !PA_NATURAL;
     for (int t = 1; t < (PEEL ? nt - 1 : nt); t++) {
         if (D <= 128 && t >= ti0 && t < ti1) step(t, T, F, F);
         else step(t, T, T, F);
     }
-    if (PEEL && nt > 1) {
-        if (nt - 1 >= ti0 && nt - 1 < ti1) step(nt - 1, T, F, F);
-        else if (half_last) step(nt - 1, T, T, T);
-        else step(nt - 1, T, T, F);
+    if constexpr (PEEL) {
+        if (nt > 1) {
+            if (nt - 1 >= ti0 && nt - 1 < ti1) step(nt - 1, T, F, F);
+            else if (half_last) step(nt - 1, T, T, T);
+            else step(nt - 1, T, T, F);
+        }
     }
     if (nt > 0) {
         mbar_wait(&full_v[(nt - 1) % PA_STAGES], (u32)((nt - 1) / PA_STAGES) & 1u);
         pa_fence_proxy_async();
-        if (D == 128 && !PA_NATURAL && half_last) pa_wg_pv_last<D, BN, KVL, (BN >= 128 ? BN / 2 : BN)>(o, pa, v_tile(nt - 1));
-        else pa_wg_pv_last<D, BN, KVL>(o, pa, v_tile(nt - 1));
+        if constexpr (PEEL) {
+            if (half_last) pa_wg_pv_last<D, BN, KVL, BN / 2>(o, pa, v_tile(nt - 1));
+            else pa_wg_pv_last<D, BN, KVL>(o, pa, v_tile(nt - 1));
+        } else {
+            pa_wg_pv_last<D, BN, KVL>(o, pa, v_tile(nt - 1));
+        }
     }
 
     /* epilogue, each consumer on its own (consumer 0's under consumer 1's
