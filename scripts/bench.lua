@@ -9,8 +9,9 @@
 --   causal mask's pairs counted exactly) per second of kernel time; "x short"
 --   and "x sust" are the ratios to the matmul's short (cool GPU) and
 --   sustained (power cap) rates; "page 16 vs unpaged" is the slowdown of the
---   paged cache. Each workload's three layouts run in two alternating
---   rounds, the faster kept (the GPU's clock drifts within a run).
+--   paged cache. Each workload's three layouts run in four alternating
+--   rounds (--quick: two), the fastest kept (the GPU's clock drifts within a
+--   run).
 --   Kernel time: device events around each call's kernels, with the call's
 --   kernels held until all are queued (pa_device_timing), median of many
 --   calls after warm-up. "wall" is the whole call seen from Lua (validation,
@@ -326,18 +327,21 @@ if run_prefill then
   -- The GPU comes from the sustained matmul at its power cap: the first
   -- prefill points read up to 20 % low (8192 causal page 16 at 462-474
   -- against 532-562 later in the same run, kernels/NOTES.md session 9). So
-  -- untimed calls first, and each workload's layouts measured in two
-  -- alternating rounds (16, 256, unpaged, 16, 256, unpaged), the faster of
-  -- the two kept: the page-16 vs unpaged ratio is then not the order's.
+  -- untimed calls first, and each workload's layouts measured in alternating
+  -- rounds (16, 256, unpaged, 16, 256, unpaged, ...), the fastest kept: the
+  -- page-16 vs unpaged ratio is then not the order's. Four rounds: with two,
+  -- that ratio still moved by +-4 % between runs (session 13: +4.6 % in the
+  -- bench where ncu's medians of the same kernels gave +1.2 %).
   local settle_s = quick and 0.2 or 1.0
+  local rounds = quick and 2 or 4
   prefill_time(prefill_workloads[1], 16, settle_s)
   print()
   print(string.format("(prefill: %.1f s of untimed calls of the first workload before the table; each layout's " ..
-    "kernel time the better of two alternating rounds)", settle_s))
+    "kernel time the best of %d alternating rounds)", settle_s, rounds))
   print(prefill_header)
   for _, wl in ipairs(prefill_workloads) do
     local t, wt = {}, {}
-    for _ = 1, 2 do
+    for _ = 1, rounds do
       for _, page in ipairs({ 16, 256, 0 }) do
         local k, w = prefill_time(wl, page)
         if not t[page] or k < t[page] then t[page], wt[page] = k, w end
