@@ -39,8 +39,8 @@
  * blocks, kv heads, 8-row groups), where tma=1 issues one box per page and
  * 64 columns; the K/V tiles then hold each 8 rows' column blocks side by
  * side (KVL below: pa_kv_layout's GS D / 64 x 1024, BS 1024), which the
- * wgmma descriptors read as well as the default layout. Half the boxes at head dim
- * 128 (8 instead of 16 a K or V tile at page 16).
+ * wgmma descriptors read as well as the default layout. Half the boxes at
+ * head dim 128 (8 instead of 16 a K or V tile at page 16).
  *
  * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
  * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1), PA_TMA (0
