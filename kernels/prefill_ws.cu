@@ -76,6 +76,14 @@ constexpr bool TMA_QO = PA_TMA && QT * GT == BM;
  * column blocks side by side */
 constexpr bool PAGE_BOX = PA_TMA == 2;
 using KVL = pa_kv_layout<PAGE_BOX ? D / 64 * 1024 : 1024, PAGE_BOX ? 1024 : BN * 128>;
+/* registers a thread: the producer gives some up, the consumers take them
+ * (setmaxnreg). The consumers' increase waits until the block's registers
+ * cover it, for ever where they cannot: the block launches with
+ * LAUNCH_REGS a thread (__launch_bounds__(NTHREADS, 1)), and 128 x 48 +
+ * 256 x 232 = 65536 > 384 x 168 hung a GPU run (session 14). Measured
+ * (kernels/NOTES.md, session 14): 40 / 232 and 24 / 240 (the producer
+ * spilling) were 4-6 % slower at 4 x 2048 than 56 / 224. */
+constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8, PRODUCER_REGS = 56, CONSUMER_REGS = 224;
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
 static_assert(128 % BN == 0 && CPR % TPR == 0, "copy mapping");
@@ -84,6 +92,9 @@ static_assert(PA_STAGES >= 2 && PA_STAGES <= 4, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(!PA_TMA || PA_PAGE == -1 || PA_PAGE >= 16, "TMA: contiguous caches or pages of 16 rows or more");
 static_assert(!PAGE_BOX || PA_PAGE >= 16, "page boxes: pages of 16 rows or more");
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS && PRODUCER_REGS % 8 == 0 &&
+                  CONSUMER_REGS % 8 == 0,
+              "setmaxnreg: the consumers' registers must come from the block's own");
 } // namespace
 
 extern "C" __constant__ int pa_prefill_ws_info[4] = {NTHREADS, SMEM, BN, QT};
@@ -217,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 
     if (wg == 0) {
         /* ---- producer ---- */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS) : "memory");
         const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
         /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored;
          * with TMA by warps 1-3 only, so that warp 0's first page ids and
@@ -338,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     }
 
     /* ---- consumers ---- */
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS) : "memory");
     const int ctid = tid - 128, lane = tid & 31, cwarp = ctid >> 5, cw = cwarp >> 2;
     const int R0 = cw * 64 + (cwarp & 3) * 16 + (lane >> 2);
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope, ctid, 256);

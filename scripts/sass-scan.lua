@@ -1,4 +1,4 @@
--- scripts/sass-scan.lua CUBIN... -- where the wgmma waits of a kernel sit, read
+-- scripts/sass-scan.lua [--windows] CUBIN... -- where the wgmma waits of a kernel sit, read
 -- straight from a cubin's SASS encodings (this machine has nvcc and ptxas but
 -- no cuobjdump or nvdisasm). Prints, per kernel, the instruction index of each
 -- block barrier (BAR), cp.async commit (LDGDEPBAR), wgmma fence
@@ -9,14 +9,26 @@
 --   cd kernels && nvcc -arch=sm_90a -cubin -std=c++17 -DPA_DTYPE=2 -DPA_D=128 \
 --     -DPA_GT=4 -DPA_PAGE=16 -DPA_STAGES=3 -DPA_NATURAL=0 -o /tmp/k.cubin prefill_wgmma.cu
 --   luajit scripts/sass-scan.lua /tmp/k.cubin
+-- A CUBIN may be a file of the kernel cache (a header, then the cubin).
+-- --windows: one line per kernel instead, its instruction count and the
+-- instructions from each wgmma fence to the next wait (prefill_ws's loop:
+-- 109 at head dim 128), flagged "serialised" where ptxas issued the wgmmas
+-- one at a time (most windows under 20 instructions; its C7511 remark,
+-- which NVRTC does not print). scripts/micro/wgmma_windows.sh compiles
+-- variants through NVRTC and runs this.
 local function u16(s, o) return s:byte(o + 1) + s:byte(o + 2) * 256 end
 local function u32(s, o) return u16(s, o) + u16(s, o + 2) * 65536 end
 local function u64(s, o) return u32(s, o) + u32(s, o + 4) * 4294967296 end -- offsets and sizes: exact below 2^53
+
+local windows = arg[1] == "--windows"
+if windows then table.remove(arg, 1) end
 
 local function scan(path)
   local f = assert(io.open(path, "rb"))
   local s = f:read("*a")
   f:close()
+  local at = s:find("\127ELF", 1, true) -- the kernel cache's files start with a header
+  if at then s = s:sub(at) end
   assert(s:sub(1, 4) == "\127ELF" and s:byte(5) == 2, path .. ": not a 64-bit ELF file (a cubin)")
   local shoff, shentsize, shnum, shstrndx = u64(s, 0x28), u16(s, 0x3a), u16(s, 0x3c), u16(s, 0x3e)
   local secs = {}
@@ -30,7 +42,10 @@ local function scan(path)
     local n = name_of(secs[i].name)
     if n:sub(1, 6) == ".text." then
       local off, size = secs[i].off, secs[i].size
-      print(string.format("%s: %d instructions", n:sub(7), size / 16))
+      local line = { string.format("%s: %d instructions", n:sub(7), size / 16) }
+      local say = windows and function() end or print
+      local arrive, short, count = nil, 0, 0
+      say(line[1])
       local prev
       for k = 0, size / 16 - 1 do
         local o = off + 16 * k
@@ -51,15 +66,24 @@ local function scan(path)
         elseif op == 0x9af then
           what = "LDGDEPBAR"
         end
-        if what and not (what == "HGMMA" and prev == "HGMMA") then print(string.format("  %6d  %s", k, what)) end
+        if what and not (what == "HGMMA" and prev == "HGMMA") then say(string.format("  %6d  %s", k, what)) end
+        if what == "WG.ARRIVE" then
+          arrive = k
+        elseif what and what:sub(1, 9) == "WG.DEPBAR" and arrive then
+          line[#line + 1] = tostring(k - arrive)
+          count, short, arrive = count + 1, short + (k - arrive < 20 and 1 or 0), nil
+        end
         if what then prev = what end
+      end
+      if windows then
+        print(table.concat(line, " ") .. (short * 2 > count and "  (serialised)" or ""))
       end
     end
   end
 end
 
 if #arg == 0 then
-  io.stderr:write("usage: luajit scripts/sass-scan.lua CUBIN...\n")
+  io.stderr:write("usage: luajit scripts/sass-scan.lua [--windows] CUBIN...\n")
   os.exit(2)
 end
 for _, p in ipairs(arg) do scan(p) end
