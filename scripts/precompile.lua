@@ -1,10 +1,11 @@
--- scripts/precompile.lua [--arch ARCH] [--list FILE] [--shard K/N] [VARIANT...] -- compiles
+-- scripts/precompile.lua [--arch ARCH] [--list FILE] [--shard K/N] [--names] [VARIANT...] -- compiles
 -- kernel variants through NVRTC into the disk cache ($PAGEDATTN_KERNEL_CACHE,
 -- else $XDG_CACHE_HOME/pagedattn or ~/.cache/pagedattn), so that first calls
 -- need not compile. With no variants named: the catalog (every kernel and
 -- code path) and the benchmark's variants (decode and prefill). ARCH: "sm_90a", "sm_80", ...;
 -- default: that of CUDA device 0 (needs the driver). --shard K/N: only every
 -- N-th variant from the K-th (1-based), to run N compilers side by side.
+-- --names: print the variants, one a line, and compile nothing.
 --   scripts/run scripts/precompile.lua --arch sm_90a
 local ffi = require "ffi"
 local core = require "pagedattn.core"
@@ -12,9 +13,11 @@ local C = core.C
 
 local arch, list, variants = nil, nil, {}
 local shard_k, shard_n = 1, 1
+local names_only = false
 local i = 1
 while i <= #arg do
   if arg[i] == "--arch" then arch = arg[i + 1]; i = i + 2
+  elseif arg[i] == "--names" then names_only = true; i = i + 1
   elseif arg[i] == "--list" then list = arg[i + 1]; i = i + 2
   elseif arg[i] == "--shard" then
     local k, n = tostring(arg[i + 1]):match("^(%d+)/(%d+)$")
@@ -81,6 +84,11 @@ end
 local unique, seen = {}, {}
 for _, v in ipairs(variants) do
   if not seen[v] then seen[v] = true; unique[#unique + 1] = v end
+end
+
+if names_only then
+  for _, v in ipairs(unique) do print(v) end
+  os.exit(0)
 end
 
 local cached = ffi.new("int[1]")

@@ -11,8 +11,8 @@
 # remark. No GPU needed.
 # Default: the bench's prefill_ws variants (bf16, head dim 128, 4 heads a kv
 # head: page 16 and 256 with page boxes, contiguous); --all: every prefill_ws
-# variant of scripts/precompile.lua's list (168, ~3 s each), serialised ones
-# only.
+# variant of scripts/precompile.lua's list (its --names: 176, ~1.5 s each),
+# serialised ones only.
 #   scripts/micro/wgmma_windows.sh
 #   PAGEDATTN_KERNEL_DIR=/tmp/k_new scripts/micro/wgmma_windows.sh
 set -u
@@ -27,15 +27,7 @@ variants=()
 if [ "${1:-}" = "--all" ]; then
   only_serialised=1
   shift
-  for dt in bf16 f16; do for D in 64 128 256; do for gt in 1 4; do for page in 1 16 256 any contig; do
-    for nat in 0 1; do
-      st=$([ "$D" -le 128 ] && echo 3 || echo 2)
-      case $page in contig) tmas="1" ;; 16 | 256) tmas="1 2" ;; *) tmas="0" ;; esac
-      for tma in $tmas; do
-        variants+=("prefill_ws dtype=$dt D=$D gt=$gt page=$page stages=$st natural=$nat tma=$tma")
-      done
-    done
-  done; done; done; done
+  mapfile -t variants < <(luajit scripts/precompile.lua --names | grep '^prefill_ws ')
 fi
 variants+=("$@")
 if [ ${#variants[@]} -eq 0 ]; then
