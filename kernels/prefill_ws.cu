@@ -67,6 +67,10 @@ constexpr int KV_BYTES = BN * D * 2;     /* one K (or V) tile */
  * contiguous cache); tiles start at a multiple of it (keys before k0 masked) */
 constexpr int TMA_ROWS = PA_PAGE == -1 || PA_PAGE >= BN ? BN : PA_PAGE;
 constexpr int KALIGN = PA_TMA && PA_PAGE > 0 ? TMA_ROWS : 1;
+/* a cache row past every map's rows (a map's rows are 128 bytes or more
+ * apart, so below 256 GiB of memory they are fewer): a box from there is all
+ * TMA zero fill */
+constexpr int OOB_ROW = 0x7ffff000;
 constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES;
 /* Q and O by TMA (where the host built their maps, maps.q_tma / o_tma):
  * boxes of GT heads x QT queries, which fill the tile's rows only where GT
@@ -246,9 +250,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 
 #if PA_TMA
         /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
-         * columns; the warp zeroes the last tile's V rows past
-         * k1 (a page's tail, or pages never loaded: P is 0 there, but 0 x a
-         * NaN left in memory would not be). */
+         * columns. The last tile's V rows past k1 must be zeros (P is 0
+         * there, but 0 x a NaN left in memory would not be): TMA fills the
+         * boxes of pages past k1 with them where k1 ends a page (a box
+         * far past the map's rows), else the warp zeroes them once the
+         * boxes have landed (kernels/NOTES.md, session 15). */
         if (tid >= 32) {
             if (!q_tma) {
                 load_q(tid - 32, 96);
@@ -291,11 +297,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             __syncwarp(); /* the expected bytes before any box lands */
             if (lane < nbox) load_box(ks, maps.k, row, &full_k[s]);
             mbar_wait(&empty_v[s], ph ^ 1u);
-            const bool tail = nkeys < BN;
+            /* the last tile's V: where its keys end at a box's end (pages
+             * below a tile: every box either all keys or none), the boxes
+             * without keys load from row OOB_ROW, past any map's rows, and
+             * TMA fills them with zeros: no wait, no stores, no fence on
+             * the way to the consumers' last P V (4 x 2048: -5 %); else
+             * its rows past k1 are zeroed once the boxes have landed */
+            const bool oob_fill = TMA_ROWS < BN && nkeys % TMA_ROWS == 0;
+            const bool tail = nkeys < BN && !oob_fill;
             u64 *vbar = tail ? &v_last : &full_v[s];
-            if (lane == 0) mbar_arrive_expect_tx(vbar, bytes);
+            if (lane == 0) mbar_arrive_expect_tx(vbar, oob_fill ? (u32)NBOX * (D / 64) * TMA_ROWS * 128 : bytes);
             __syncwarp();
             if (lane < nbox) load_box(vs, maps.v, row, vbar);
+            else if (oob_fill && lane < NBOX) load_box(vs, maps.v, OOB_ROW, vbar);
             if (tail) { /* only the last tile: v_last completes once */
                 mbar_wait(&v_last, 0);
                 u8 *vt = smem + Q_BYTES + (PA_STAGES + s) * KV_BYTES;
