@@ -1,4 +1,4 @@
--- scripts/sass-scan.lua [--windows] CUBIN... -- where the wgmma waits of a kernel sit, read
+-- scripts/sass-scan.lua [--windows | --overlap] CUBIN... -- where the wgmma waits of a kernel sit, read
 -- straight from a cubin's SASS encodings (this machine has nvcc and ptxas but
 -- no cuobjdump or nvdisasm). Prints, per kernel, the instruction index of each
 -- block barrier (BAR), cp.async commit (LDGDEPBAR), wgmma fence
@@ -10,6 +10,10 @@
 --     -DPA_GT=4 -DPA_PAGE=16 -DPA_STAGES=3 -DPA_NATURAL=0 -o /tmp/k.cubin prefill_wgmma.cu
 --   luajit scripts/sass-scan.lua /tmp/k.cubin
 -- A CUBIN may be a file of the kernel cache (a header, then the cubin).
+-- --overlap: one line per kernel, each wait for S (WG.DEPBAR <= 1) to the
+-- next wait for everything (<= 0) as "instructions/MUFUs": the exponentials
+-- ptxas placed under P V(t - 1) (main's loop at head dim 128: 191/20 of the
+-- step's 66; fewer free registers move them after the wait, session 15).
 -- --windows: one line per kernel instead, its instruction count and the
 -- instructions from each wgmma fence to the next wait (prefill_ws's loop:
 -- 109 at head dim 128), flagged "serialised" where ptxas issued the wgmmas
@@ -21,7 +25,8 @@ local function u32(s, o) return u16(s, o) + u16(s, o + 2) * 65536 end
 local function u64(s, o) return u32(s, o) + u32(s, o + 4) * 4294967296 end -- offsets and sizes: exact below 2^53
 
 local windows = arg[1] == "--windows"
-if windows then table.remove(arg, 1) end
+local overlap = arg[1] == "--overlap"
+if windows or overlap then table.remove(arg, 1) end
 
 local function scan(path)
   local f = assert(io.open(path, "rb"))
@@ -43,7 +48,8 @@ local function scan(path)
     if n:sub(1, 6) == ".text." then
       local off, size = secs[i].off, secs[i].size
       local line = { string.format("%s: %d instructions", n:sub(7), size / 16) }
-      local say = windows and function() end or print
+      local say = (windows or overlap) and function() end or print
+      local w1, mufu, spans = nil, 0, {}
       local arrive, short, count = nil, 0, 0
       say(line[1])
       local prev
@@ -65,6 +71,16 @@ local function scan(path)
           what = "BAR"
         elseif op == 0x9af then
           what = "LDGDEPBAR"
+        elseif op == 0x308 then -- MUFU (encoding matched against ncu's SASS, session 15)
+          mufu = mufu + 1
+        end
+        if what and what:sub(1, 9) == "WG.DEPBAR" then
+          if what:sub(-1) == "1" then
+            w1, mufu = k, 0
+          elseif w1 then
+            spans[#spans + 1] = string.format("%d/%d", k - w1, mufu)
+            w1 = nil
+          end
         end
         if what and not (what == "HGMMA" and prev == "HGMMA") then say(string.format("  %6d  %s", k, what)) end
         if what == "WG.ARRIVE" then
@@ -77,13 +93,15 @@ local function scan(path)
       end
       if windows then
         print(table.concat(line, " ") .. (short * 2 > count and "  (serialised)" or ""))
+      elseif overlap then
+        print(line[1] .. " " .. table.concat(spans, " "))
       end
     end
   end
 end
 
 if #arg == 0 then
-  io.stderr:write("usage: luajit scripts/sass-scan.lua [--windows] CUBIN...\n")
+  io.stderr:write("usage: luajit scripts/sass-scan.lua [--windows | --overlap] CUBIN...\n")
   os.exit(2)
 end
 for _, p in ipairs(arg) do scan(p) end

@@ -38,6 +38,7 @@ static const kkind kinds[] = {
 };
 
 #define MAX_OPTS 12
+#define EXTRA_OPTS 16 /* $PAGEDATTN_NVRTC_OPTIONS */
 typedef struct kvariant {
     const kkind *kind;
     char defines[MAX_OPTS][48];
@@ -310,6 +311,8 @@ static void variant_key(const sources *s, const kvariant *v, const char *arch, i
     snprintf(tail, sizeof tail, "%s|nvrtc %d|image %d|format %u", arch, pa_nvrtc_version(),
              image_kind, CACHE_FORMAT);
     hash_bytes(key, tail, strlen(tail));
+    const char *extra = getenv("PAGEDATTN_NVRTC_OPTIONS");
+    if (extra && *extra) hash_bytes(key, extra, strlen(extra));
 }
 
 /* ---- the disk cache ---- */
@@ -447,6 +450,20 @@ void pa_cuda_pick_arch(int major, int minor, char *arch, size_t len, int *image_
     }
 }
 
+/* NVRTC's log of a program (malloc'd, NUL-terminated), or NULL */
+static char *program_log(nvrtcProgram prog) {
+    size_t log_size = 0;
+    char *log = NULL;
+    if (pa_rtc.nvrtcGetProgramLogSize(prog, &log_size) != 0 || log_size == 0 || !(log = malloc(log_size + 1)))
+        return NULL;
+    if (pa_rtc.nvrtcGetProgramLog(prog, log) != 0) {
+        free(log);
+        return NULL;
+    }
+    log[log_size] = '\0';
+    return log;
+}
+
 static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sources *s,
                                const kvariant *v, const char *arch, int image_kind, void **image,
                                size_t *size) {
@@ -465,13 +482,28 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
     if (!main_src) return pa_fail(ctx, PA_ERR_INTERNAL, "kernel %s: no source %s", variant, v->kind->file);
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    const char *opts[MAX_OPTS + 8];
+    /* $PAGEDATTN_NVRTC_OPTIONS (development): more options, split at blanks
+     * (e.g. "-Xptxas -v"); the token no-lineinfo drops -lineinfo */
+    char extra[512];
+    const char *extra_opts[EXTRA_OPTS];
+    int nextra = 0;
+    bool lineinfo = true;
+    const char *env = getenv("PAGEDATTN_NVRTC_OPTIONS");
+    if (snprintf(extra, sizeof extra, "%s", env ? env : "") >= (int)sizeof extra)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_NVRTC_OPTIONS: longer than %zu characters", sizeof extra - 1);
+    for (char *save = NULL, *t = strtok_r(extra, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+        if (strcmp(t, "no-lineinfo") == 0) lineinfo = false;
+        else if (nextra < EXTRA_OPTS) extra_opts[nextra++] = t;
+        else return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_NVRTC_OPTIONS: more than %d options", EXTRA_OPTS);
+    }
+    const char *opts[MAX_OPTS + 8 + EXTRA_OPTS];
     int nopts = 0;
     opts[nopts++] = arch_opt;
     opts[nopts++] = "--std=c++17";
     opts[nopts++] = "-default-device"; /* unannotated functions (generic lambdas: the prefill kernels' peeled steps) are device code */
-    opts[nopts++] = "-lineinfo"; /* source lines in compute-sanitizer reports */
+    if (lineinfo) opts[nopts++] = "-lineinfo"; /* source lines in compute-sanitizer reports */
     for (int i = 0; i < v->ndefines; i++) opts[nopts++] = v->defines[i];
+    for (int i = 0; i < nextra; i++) opts[nopts++] = extra_opts[i];
 
     nvrtcProgram prog = NULL;
     nvrtcResult r = pa_rtc.nvrtcCreateProgram(&prog, main_src->text, main_src->name, nh, htexts, hnames);
@@ -480,17 +512,18 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
                        pa_rtc.nvrtcGetErrorString(r));
     r = pa_rtc.nvrtcCompileProgram(prog, nopts, opts);
     if (r != 0) {
-        size_t log_size = 0;
-        char *log = NULL;
-        if (pa_rtc.nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 0 &&
-            (log = malloc(log_size + 1)) && pa_rtc.nvrtcGetProgramLog(prog, log) == 0)
-            log[log_size] = '\0';
+        char *log = program_log(prog);
         pa_status st = pa_fail(ctx, PA_ERR_COMPILE,
                                "NVRTC could not compile kernel '%s' (%s, %s): %s\n%s", variant,
                                main_src->name, arch, pa_rtc.nvrtcGetErrorString(r), log ? log : "");
         free(log);
         pa_rtc.nvrtcDestroyProgram(&prog);
         return st;
+    }
+    if (nextra > 0) { /* options given by hand (e.g. -Xptxas -v): their report to stderr */
+        char *log = program_log(prog);
+        if (log && *log) fprintf(stderr, "pagedattn: NVRTC log of %s (%s):\n%s\n", variant, env, log);
+        free(log);
     }
     size_t n = 0;
     r = image_kind == IMAGE_CUBIN ? pa_rtc.nvrtcGetCUBINSize(prog, &n) : pa_rtc.nvrtcGetPTXSize(prog, &n);
