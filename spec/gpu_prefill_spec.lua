@@ -132,6 +132,34 @@ local function build(c, device)
   t.k_cache = randn(shape, c, device, 4)
   t.v_cache = randn(shape, c, device, 5)
   if c.page > 0 then o.block_table = assert(pa.from_table(c.bt, { c.B, c.width }, "i32", device)) end
+  if c.nan_tail then
+    -- every cache row no query may read holds NaN: the rest of each
+    -- sequence's last page (or contiguous row) and the pages nobody uses
+    -- (distinct pages only: c.dup must be off). A kernel that lets one in
+    -- (0 x NaN is NaN) poisons out.
+    local row, nan = c.Hk * c.D, 0 / 0
+    local rows = {}
+    for i = 1, row do rows[i] = nan end
+    local function poison(r) G.write(t.k_cache, r * row, rows); G.write(t.v_cache, r * row, rows) end
+    assert(not c.dup and not c.append, c.name .. ": NaN tails need distinct pages and no appends")
+    if c.page > 0 then
+      local used = {}
+      for b = 0, c.B - 1 do
+        local n = math.ceil(c.sk[b + 1] / c.page)
+        for j = 0, n - 1 do used[c.bt[b * c.width + j + 1]] = true end
+        for tok = c.sk[b + 1], n * c.page - 1 do
+          poison(c.bt[b * c.width + floor(tok / c.page) + 1] * c.page + tok % c.page)
+        end
+      end
+      for pg = 0, c.num_pages - 1 do
+        if not used[pg] then for r = 0, c.page - 1 do poison(pg * c.page + r) end end
+      end
+    else
+      for b = 0, c.B - 1 do
+        for tok = c.sk[b + 1], c.S_cache - 1 do poison(b * c.S_cache + tok) end
+      end
+    end
+  end
   if c.alibi then o.alibi_slopes = assert(pa.from_table(c.alibi, { c.H }, "f32", device)) end
   o.causal = c.causal or nil
   o.window_size = c.window
@@ -342,6 +370,33 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
       f.boxes = nil
       H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws", PAGEDATTN_PREFILL_PAGE_BOXES = boxes }, function()
         compare(kv_case("prefill ws boxes=" .. boxes, i, f))
+      end)
+    end
+  end)
+
+  -- Rows past a sequence's keys are never attended, but a K/V tile that
+  -- holds them must not carry their bytes into P V: prefill_ws zeroes the
+  -- last V tile's rows past k1 where they came with a box (a page's tail,
+  -- pages of a tile or more, contiguous caches) and has TMA zero-fill the
+  -- boxes of pages past k1 otherwise (session 15); the cp.async kernels
+  -- zero-fill each row past k1. Here those rows hold NaN.
+  it("#gpu rows past the keys hold NaN: never let into out (forced ws: tails, page boxes, zero fill; default kernels)",
+    function()
+    local list = {
+      { Sq = 64, Sk = 250, page = 16, B = 2, ws = true },                  -- a page's tail: zeroed after the boxes
+      { Sq = 96, Sk = 288, page = 16, causal = true, B = 2, ws = true },   -- k1 ends pages: TMA zero fill
+      { Sq = 64, Sk = 352, page = 32, D = 256, causal = true, ws = true }, -- zero fill, BN 64
+      { Sq = 64, Sk = 300, page = 256, ws = true },                       -- one box a tile: zeroed
+      { Sq = 64, Sk = 250, page = 0, B = 2, ws = true },                  -- contiguous: zeroed
+      { Sq = 100, Sk = 250, page = 16, causal = true, B = 3 },            -- default kernel
+      { Sq = 1, Sk = 250, page = 16, B = 4 },                             -- decode
+      { Sq = 4, Sk = 1000, page = 16, B = 2 },                            -- decode, several queries
+    }
+    for i, f in ipairs(list) do
+      local ws = f.ws
+      f.ws, f.nan_tail = nil, true
+      H.with_env({ PAGEDATTN_PREFILL_KERNEL = ws and "ws" or false }, function()
+        compare(kv_case("prefill NaN past the keys" .. (ws and " (ws)" or ""), i, f))
       end)
     end
   end)
