@@ -3,7 +3,8 @@
 -- seqlen_k from 1 to a few thousand, page sizes 1, 3, 16, 48, 256 and
 -- contiguous caches, bf16 and f16, head dims 64/128/256, GQA groups 1 and 4,
 -- causal and not, sliding window, softcap, ALiBi, the LSE always; a varlen
--- batch mixing prefills, chunked prefills, decodes and an empty sequence; and
+-- batch mixing prefills, chunked prefills, decodes and an empty sequence;
+-- caches whose rows past the keys hold NaN (never to reach out); and
 -- the issue's case for compute-sanitizer (appends of 170 tokens into an empty
 -- paged cache with random block tables, repeated). Tagged #gpu.
 --
