@@ -252,9 +252,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
          * columns. The last tile's V rows past k1 must be zeros (P is 0
          * there, but 0 x a NaN left in memory would not be): TMA fills the
-         * boxes of pages past k1 with them where k1 ends a page (a box
-         * far past the map's rows), else the warp zeroes them once the
-         * boxes have landed (kernels/NOTES.md, session 15). */
+         * boxes of pages past k1 with them where k1 ends a page and GT > 1
+         * (a box far past the map's rows), else the warp zeroes them once
+         * the boxes have landed (kernels/NOTES.md, session 15). */
         if (tid >= 32) {
             if (!q_tma) {
                 load_q(tid - 32, 96);
@@ -289,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const u32 ph = (u32)(t / PA_STAGES) & 1u;
             const int tok0 = kbase + t * BN, nkeys = min(BN, w.k1 - tok0);
             const int nbox = (nkeys + TMA_ROWS - 1) / TMA_ROWS; /* boxes holding keys: never a page past k1 */
-            const u32 bytes = (u32)nbox * (D / 64) * TMA_ROWS * 128;
+            const u32 box_bytes = (D / 64) * TMA_ROWS * 128, bytes = (u32)nbox * box_bytes;
             const u32 ks = k_addr + s * KV_BYTES, vs = v_addr + s * KV_BYTES;
             const int next = box_row(t + 1); /* used next iteration: its latency hides behind this one */
             mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
@@ -302,11 +302,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
              * without keys load from row OOB_ROW, past any map's rows, and
              * TMA fills them with zeros: no wait, no stores, no fence on
              * the way to the consumers' last P V (4 x 2048: -5 %); else
-             * its rows past k1 are zeroed once the boxes have landed */
-            const bool oob_fill = TMA_ROWS < BN && nkeys % TMA_ROWS == 0;
+             * its rows past k1 are zeroed once the boxes have landed. Not
+             * at one head a kv head (GT 1): there ptxas then serialised the
+             * consumers' wgmmas at page boxes (pages 16 and 32), and every
+             * other form of this code tried serialised some GT 4 variant
+             * (kernels/NOTES.md, session 15) */
+            const bool oob_fill = GT > 1 && TMA_ROWS < BN && nkeys % TMA_ROWS == 0;
             const bool tail = nkeys < BN && !oob_fill;
             u64 *vbar = tail ? &v_last : &full_v[s];
-            if (lane == 0) mbar_arrive_expect_tx(vbar, oob_fill ? (u32)NBOX * (D / 64) * TMA_ROWS * 128 : bytes);
+            if (lane == 0) mbar_arrive_expect_tx(vbar, oob_fill ? (u32)NBOX * box_bytes : bytes);
             __syncwarp();
             if (lane < nbox) load_box(vs, maps.v, row, vbar);
             else if (oob_fill && lane < NBOX) load_box(vs, maps.v, OOB_ROW, vbar);
