@@ -94,6 +94,19 @@ describe("#gpu CUDA device", function()
     assert.are_not.same(before, other)
   end)
 
+  it("#gpu kernels are kept per NVRTC options too (PAGEDATTN_NVRTC_OPTIONS, tuning sweeps by define)", function()
+    if G.device_name == "cpu" then return end
+    local function draw() return pa.randn({ 257 }, "f32", dev, 11) end
+    local before = assert(draw()):to_table() -- the util module, loaded without options
+    -- other options are another module: compiled (here: refused by NVRTC), not the one loaded
+    H.with_env({ PAGEDATTN_NVRTC_OPTIONS = "--no-such-option" }, function()
+      local t, e = draw()
+      assert.is_nil(t)
+      assert.truthy(tostring(e):find("no-such-option", 1, true), e)
+    end)
+    assert.same(before, assert(draw()):to_table())
+  end)
+
   it("#gpu a device that does not exist is a clear error, not a crash", function()
     if G.device_name == "cpu" then return end
     local d, err = pa.device("cuda:63")

@@ -360,7 +360,14 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
             chunk = auto_chunk;
         }
         chunk = ALIGN_UP(chunk, kp->tokens);
-        if (kp->max_chunk > 0 && chunk > kp->max_chunk) chunk = kp->max_chunk;
+        if (kp->max_chunk > 0 && chunk > kp->max_chunk) {
+            /* as many pieces as the page-id cap needs, of equal length (a
+             * capped piece and a short rest left the blocks unequal work:
+             * 64 x 16384 at page 16 read 0.88 of the read rate, not 0.95) */
+            const int64_t k = len > 0 ? (len + kp->max_chunk - 1) / kp->max_chunk : 1;
+            chunk = ALIGN_UP((len + k - 1) / k, kp->tokens);
+            if (chunk > kp->max_chunk) chunk = kp->max_chunk;
+        }
         if (chunk < 1) chunk = 1;
         int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
         const int64_t guide_at = guide_left;

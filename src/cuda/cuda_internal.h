@@ -133,6 +133,7 @@ struct pa_kmodule {
     pa_kmodule *next;
     char name[192];
     char srcdir[256]; /* $PAGEDATTN_KERNEL_DIR when it was built ("": the embedded sources) */
+    char options[512]; /* $PAGEDATTN_NVRTC_OPTIONS when it was built ("": none) */
     CUmodule module;
     int info[8]; /* the module's pa_<kind>_info constants, if any */
     int nfuncs;

@@ -609,15 +609,22 @@ pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *ar
 /* ---- modules on a device ---- */
 
 pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out) {
-    /* keyed by the variant and the source directory, so that a process can
-     * compare kernel sources (PAGEDATTN_KERNEL_DIR set per call: tuning sweeps) */
+    /* keyed by the variant, the source directory and the extra NVRTC options,
+     * so that a process can compare kernel sources or defines
+     * (PAGEDATTN_KERNEL_DIR or PAGEDATTN_NVRTC_OPTIONS set per call: tuning
+     * sweeps) */
     const char *srcdir = getenv("PAGEDATTN_KERNEL_DIR");
     if (!srcdir) srcdir = "";
     if (strlen(srcdir) >= sizeof impl->modules->srcdir)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_KERNEL_DIR: longer than %d characters",
                        (int)sizeof impl->modules->srcdir - 1);
+    const char *options = getenv("PAGEDATTN_NVRTC_OPTIONS");
+    if (!options) options = "";
+    if (strlen(options) >= sizeof impl->modules->options)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_NVRTC_OPTIONS: longer than %d characters",
+                       (int)sizeof impl->modules->options - 1);
     for (pa_kmodule *m = impl->modules; m; m = m->next) {
-        if (strcmp(m->name, variant) == 0 && strcmp(m->srcdir, srcdir) == 0) {
+        if (strcmp(m->name, variant) == 0 && strcmp(m->srcdir, srcdir) == 0 && strcmp(m->options, options) == 0) {
             *out = m;
             return PA_OK;
         }
@@ -635,6 +642,7 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
     if (!m) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "kernel %s: out of host memory", variant);
     snprintf(m->name, sizeof m->name, "%s", variant);
     snprintf(m->srcdir, sizeof m->srcdir, "%s", srcdir);
+    snprintf(m->options, sizeof m->options, "%s", options);
     void *image = NULL;
     size_t size = 0;
     bool cached = false;
