@@ -186,15 +186,16 @@ PA_DEV i64 pa_key_offset(const pa_attn_params &p, const pa_work &w, int tok, int
  * page that holds a key; returns that row's index of s_pages[0]. PAGE == -1: a
  * contiguous cache, nothing to load. Every thread of the block takes part.
  * ASYNC: by cp.async (4 bytes each), every thread's copies in flight at once;
- * the caller commits, waits and synchronises. */
+ * the caller commits, waits and synchronises. from: the first `from` ids are
+ * there already (s_pages[0, from) untouched). */
 template <int PAGE, int NTHREADS, bool ASYNC = false>
-__device__ int pa_load_page_ids(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages) {
+__device__ int pa_load_page_ids(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages, int from = 0) {
     int first_page = 0;
     if (PAGE != -1 && w.k1 > w.k0) {
         first_page = w.k0 / ps;
         const int npages = (w.k1 - 1) / ps - first_page + 1;
         const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
-        for (int i = threadIdx.x; i < npages; i += NTHREADS) {
+        for (int i = from + (int)threadIdx.x; i < npages; i += NTHREADS) {
             if (ASYNC)
                 asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(s_pages + i)), "l"(bt + i)
                              : "memory");

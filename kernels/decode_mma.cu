@@ -182,10 +182,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
      * and ALiBi slopes, and Q when with_q. async: the page ids and Q by
      * cp.async, all in flight at once (the caller commits and waits): a
      * block's start waits one round trip for them, not one per load. */
-    auto load_rest = [&](int j, bool with_q, bool async) {
+    auto load_rest = [&](int j, bool with_q, bool async, int from = 0) {
         if (s_unit[j] < 0) return;
         const pa_work &w = s_w[j];
-        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w, ps, pages_of(j));
+        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w, ps, pages_of(j), from);
         else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j));
         if (tid < 16) {
             const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
@@ -257,14 +257,29 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         }
     };
 
-    /* 1. the first unit (blockIdx.x), its page ids, rows and Q */
+    /* 1. the first unit (blockIdx.x): its work item, with its first page ids
+     * where the host listed them (p.first_pages) */
     int j = 0;
     load_item(0, blockIdx.x);
+    const int item0 = blockIdx.x / p.head_tiles;
+    const bool listed = PA_PAGE != -1 && p.first_pages != 0 && item0 < p.first_pages_items;
+    if (listed && tid >= 32 && tid < 32 + PA_DECODE_FIRST_PAGES)
+        pages_of(0)[tid - 32] = ((const int *)p.first_pages)[(i64)item0 * PA_DECODE_FIRST_PAGES + tid - 32];
     __syncthreads();
-    load_rest(0, true, true);
+    /* Early: the first STAGES stages' keys lie in the listed pages (or the
+     * cache is contiguous), so the stages go out now and the other page ids,
+     * the rows and Q follow in one group of copies waited for before the
+     * first stage is used; else all of them first (one more round trip
+     * before the first stage). */
+    const pa_work &w0 = s_w[0];
+    const bool early = PA_PAGE == -1 ||
+                       (listed && (min(w0.k1, w0.k0 + PA_STAGES * T) - 1) / ps - w0.k0 / ps < PA_DECODE_FIRST_PAGES);
+    load_rest(0, !p.q_f32 || !early, true, PA_PAGE != -1 && early ? PA_DECODE_FIRST_PAGES : 0);
     pa_cp_async_commit();
-    pa_cp_async_wait<0>();
-    __syncthreads();
+    if (!early) {
+        pa_cp_async_wait<0>();
+        __syncthreads();
+    }
     /* 2. the pipeline's first stages */
     int G = 0; /* the stream's stage that the block consumes next */
 #pragma unroll
@@ -275,6 +290,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         pa_cp_async_commit();
     }
     row_offsets(PA_STAGES - 1);
+    if (early) {
+        if (p.q_f32 && s_unit[0] >= 0) load_q(0, false); /* (plain loads: while the stages fly) */
+        pa_cp_async_wait<PA_STAGES - 1>(); /* the page ids, rows and Q (the first group) */
+        __syncthreads();
+    }
 
     const int g = lane >> 2, t4 = lane & 3;
     for (bool first = true;; first = false) {

@@ -70,7 +70,14 @@ typedef struct pa_attn_params {
     pa_i32 window_left, window_right; /* -1: unbounded */
     float scale, softcap;
     pa_i32 item_counter; /* persistent decode: counters[item_counter] hands out work units (zero between calls) */
+    /* decode_mma: i32 [first_pages_items][PA_DECODE_FIRST_PAGES], the page
+     * ids of work item i's first pages (from page k0 / page_size on; past
+     * its last page 0), from the host's block table, so that a block's first
+     * stages go out with its work item, not a round trip later; 0: none */
+    pa_u64 first_pages;
+    pa_i32 first_pages_items;
 } pa_attn_params;
+#define PA_DECODE_FIRST_PAGES 16 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages */
 
 /* TMA descriptors of the K and V caches (the driver's 128-byte CUtensorMap,
  * built by cuTensorMapEncodeTiled): the second parameter of prefill_ws.cu's

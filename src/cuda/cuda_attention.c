@@ -28,7 +28,7 @@
 
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
-_Static_assert(sizeof(pa_attn_params) == 192, "pa_attn_params layout");
+_Static_assert(sizeof(pa_attn_params) == 208, "pa_attn_params layout");
 _Static_assert(sizeof(pa_append_params) == 160, "pa_append_params layout");
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -59,6 +59,7 @@ typedef struct kernel_plan {
     bool forced;        /* PAGEDATTN_PREFILL_KERNEL chose the prefill kernel */
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
+    bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
     bool page_boxes;    /* TMA boxes of all columns (tma=2: a 5-D K/V map), else of 64 */
 } kernel_plan;
@@ -124,6 +125,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->persistent = persist;
         kp->guided = env_int("PAGEDATTN_DECODE_GUIDED", 0, 0, 1) == 1;
         kp->tail_splits = !kp->guided;
+        kp->first_pages = mma && p->paged && env_int("PAGEDATTN_DECODE_FIRST_PAGES", 1, 0, 1) == 1;
         kp->longest_first = kp->guided;
         if (mma)
             snprintf(variant, sizeof variant,
@@ -492,6 +494,7 @@ typedef struct attn_part {
     int64_t ntiles, nwork, part_rows, ncounters;
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
+    int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
 } attn_part;
 
 /* prefill_ws with TMA boxes of a paged cache: each work item's first K/V
@@ -514,6 +517,23 @@ static void write_first_boxes(const pa_attn_problem *p, const attn_part *pt, con
             const int32_t tok = kbase + j * tr;
             rows[i * PA_WS_BOXES + j] = j < nbox && tok < w->k1 ? bt[tok / ps] * ps + tok % ps : 0;
         }
+    }
+}
+
+/* decode_mma: the first PA_DECODE_FIRST_PAGES page ids of the first
+ * pt->npaged work items' key ranges (those a block runs first: every item
+ * where each block runs one, the first grid's worth of units where they are
+ * persistent), from the host's block table; past an item's last page 0. A
+ * block then issues its first stages as soon as its work item is there
+ * (kernels/NOTES.md, session 16). PAGEDATTN_DECODE_FIRST_PAGES=0: none. */
+static void write_first_pages(const pa_attn_problem *p, const attn_part *pt, const pa_work *items, int32_t *ids) {
+    const int ps = p->page_size;
+    for (int64_t i = 0; i < pt->npaged; i++) {
+        const pa_work *w = &items[i];
+        const int32_t *bt = p->h_block_table + (int64_t)w->b * p->bt_stride;
+        const int32_t first = w->k0 / ps, last = w->k1 > w->k0 ? (w->k1 - 1) / ps : first - 1;
+        for (int j = 0; j < PA_DECODE_FIRST_PAGES; j++)
+            ids[i * PA_DECODE_FIRST_PAGES + j] = first + j <= last ? bt[first + j] : 0;
     }
 }
 
@@ -636,7 +656,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     attn_part parts[3];
     int nparts = 0;
     memset(parts, 0, sizeof parts);
-    int64_t nwork = 0, part_rows = 0, ncounters = 0, nboxed = 0;
+    int64_t nwork = 0, part_rows = 0, ncounters = 0, nboxed = 0, npaged = 0;
     if (attend) {
         const kind_rules rules = rules_of(p);
         bool used[3] = {false, false, false};
@@ -656,6 +676,17 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
                 pt->boxes0 = nboxed;
                 nboxed += pt->nwork;
             }
+            pt->pages0 = -1;
+            if (pt->kp.first_pages) {
+                /* the items whose units the blocks run first (at most 1024 of
+                 * them where each block runs one: 64 KB of the plan) */
+                int64_t first_units = pt->nwork * pt->kp.head_tiles;
+                if (pt->kp.persistent && first_units > pt->kp.grid_cap) first_units = pt->kp.grid_cap;
+                pt->npaged = (first_units + pt->kp.head_tiles - 1) / pt->kp.head_tiles;
+                if (pt->npaged > 1024) pt->npaged = 1024;
+                pt->pages0 = npaged;
+                npaged += pt->npaged;
+            }
             nwork += pt->nwork;
             part_rows += pt->part_rows;
             ncounters += pt->ncounters + (pt->kp.persistent ? 1 : 0); /* the last: its unit counter */
@@ -670,7 +701,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     const size_t meta_bytes = sizeof(pa_seq_meta) * (size_t)B;
     const size_t work_off = ALIGN_UP(meta_bytes, 256);
     const size_t boxes_off = ALIGN_UP(work_off + sizeof(pa_work) * (size_t)nwork, 256);
-    const size_t upload_bytes = boxes_off + sizeof(int32_t) * PA_WS_BOXES * (size_t)nboxed; /* the plan */
+    const size_t pages_off = ALIGN_UP(boxes_off + sizeof(int32_t) * PA_WS_BOXES * (size_t)nboxed, 256);
+    const size_t upload_bytes = pages_off + sizeof(int32_t) * PA_DECODE_FIRST_PAGES * (size_t)npaged; /* the plan */
     const size_t part_o_off = 0;
     const size_t part_lse_off = part_o_off + ALIGN_UP((size_t)part_rows * H * D * 4, 256);
     const size_t q_rot_off = part_lse_off + ALIGN_UP((size_t)part_rows * H * 4, 256);
@@ -705,6 +737,9 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         if (parts[i].boxes0 >= 0)
             write_first_boxes(p, &parts[i], items,
                               (int32_t *)((char *)host + boxes_off) + parts[i].boxes0 * PA_WS_BOXES);
+        if (parts[i].pages0 >= 0)
+            write_first_pages(p, &parts[i], items,
+                              (int32_t *)((char *)host + pages_off) + parts[i].pages0 * PA_DECODE_FIRST_PAGES);
     }
 
     const int64_t page_stride = (int64_t)p->page_size * Hk * D; /* contiguous: S_cache rows */
@@ -800,6 +835,10 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.scale = p->scale;
         ap.softcap = p->softcap;
         ap.item_counter = (pa_i32)(kp->persistent ? parts[i].counters0 + parts[i].ncounters : 0);
+        if (parts[i].pages0 >= 0) {
+            ap.first_pages = plan + pages_off + sizeof(int32_t) * PA_DECODE_FIRST_PAGES * (size_t)parts[i].pages0;
+            ap.first_pages_items = (pa_i32)parts[i].npaged;
+        }
         pa_tma_maps maps;
         memset(&maps, 0, sizeof maps);
         if (kp->tma_rows > 0) st = tma_maps(ctx, p, kp, ap.q_f32 != 0, &maps);
