@@ -142,6 +142,13 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
     uniform_decode("gpu large decode", "decode 64x4096 bf16 page 16", small and 8 or 64, S, "bf16", 16, S)
   end)
 
+  -- persistent blocks hold 768 page ids a unit (12224 keys at page 16): a
+  -- sequence of 13000 keys becomes two pieces of equal length, combined
+  it("#gpu decode, batch 40 x 13000 keys, bf16, page 16 (pieces at the page-id cap)", function()
+    local S = small and 2048 or 13000
+    uniform_decode("gpu large capped", "decode 40x13000 bf16 page 16", small and 4 or 40, S, "bf16", 16, S)
+  end)
+
   it("#gpu decode, batch 8 x 32768 keys, f16, page 256 (many splits)", function()
     local S = small and 2048 or 32768
     uniform_decode("gpu large long", "decode 8x32768 f16 page 256", small and 2 or 8, S, "f16", 256,
