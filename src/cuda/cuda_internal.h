@@ -129,11 +129,12 @@ pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl);
 /* ---- cuda_kernels.c: run-time compiled kernel modules ---- */
 
 #define PA_KMODULE_FUNCS 8
+#define PA_NVRTC_OPTIONS_MAX 512 /* $PAGEDATTN_NVRTC_OPTIONS: bytes with its NUL */
 struct pa_kmodule {
     pa_kmodule *next;
     char name[192];
     char srcdir[256]; /* $PAGEDATTN_KERNEL_DIR when it was built ("": the embedded sources) */
-    char options[512]; /* $PAGEDATTN_NVRTC_OPTIONS when it was built ("": none) */
+    char options[PA_NVRTC_OPTIONS_MAX]; /* $PAGEDATTN_NVRTC_OPTIONS when it was built ("": none) */
     CUmodule module;
     int info[8]; /* the module's pa_<kind>_info constants, if any */
     int nfuncs;

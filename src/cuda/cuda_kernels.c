@@ -297,7 +297,19 @@ static uint64_t checksum(const void *data, size_t n) {
 #define CACHE_FORMAT 1u
 enum { IMAGE_CUBIN = 1, IMAGE_PTX = 2 };
 
-static void variant_key(const sources *s, const kvariant *v, const char *arch, int image_kind,
+/* $PAGEDATTN_NVRTC_OPTIONS (development: more NVRTC options; "" when
+ * unset), read in one place: the disk cache's key, the compile and the
+ * modules kept on a device all see the same text */
+static pa_status nvrtc_options(pa_context *ctx, const char **out) {
+    const char *env = getenv("PAGEDATTN_NVRTC_OPTIONS");
+    *out = env ? env : "";
+    if (strlen(*out) >= PA_NVRTC_OPTIONS_MAX)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_NVRTC_OPTIONS: longer than %d characters",
+                       PA_NVRTC_OPTIONS_MAX - 1);
+    return PA_OK;
+}
+
+static void variant_key(const sources *s, const kvariant *v, const char *arch, int image_kind, const char *extra,
                         uint64_t key[2]) {
     key[0] = 0xcbf29ce484222325ULL;
     key[1] = 0x84222325cbf29ce4ULL;
@@ -311,8 +323,7 @@ static void variant_key(const sources *s, const kvariant *v, const char *arch, i
     snprintf(tail, sizeof tail, "%s|nvrtc %d|image %d|format %u", arch, pa_nvrtc_version(),
              image_kind, CACHE_FORMAT);
     hash_bytes(key, tail, strlen(tail));
-    const char *extra = getenv("PAGEDATTN_NVRTC_OPTIONS");
-    if (extra && *extra) hash_bytes(key, extra, strlen(extra));
+    if (*extra) hash_bytes(key, extra, strlen(extra));
 }
 
 /* ---- the disk cache ---- */
@@ -465,8 +476,8 @@ static char *program_log(nvrtcProgram prog) {
 }
 
 static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sources *s,
-                               const kvariant *v, const char *arch, int image_kind, void **image,
-                               size_t *size) {
+                               const kvariant *v, const char *arch, int image_kind, const char *env,
+                               void **image, size_t *size) {
     const pa_kernel_source *main_src = NULL;
     const char *hnames[PA_KERNEL_SOURCES], *htexts[PA_KERNEL_SOURCES];
     int nh = 0;
@@ -482,15 +493,13 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
     if (!main_src) return pa_fail(ctx, PA_ERR_INTERNAL, "kernel %s: no source %s", variant, v->kind->file);
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    /* $PAGEDATTN_NVRTC_OPTIONS (development): more options, split at blanks
-     * (e.g. "-Xptxas -v"); the token no-lineinfo drops -lineinfo */
-    char extra[512];
+    /* env, $PAGEDATTN_NVRTC_OPTIONS: more options, split at blanks (e.g.
+     * "-Xptxas -v"); the token no-lineinfo drops -lineinfo */
+    char extra[PA_NVRTC_OPTIONS_MAX];
     const char *extra_opts[EXTRA_OPTS];
     int nextra = 0;
     bool lineinfo = true;
-    const char *env = getenv("PAGEDATTN_NVRTC_OPTIONS");
-    if (snprintf(extra, sizeof extra, "%s", env ? env : "") >= (int)sizeof extra)
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_NVRTC_OPTIONS: longer than %zu characters", sizeof extra - 1);
+    snprintf(extra, sizeof extra, "%s", env);
     for (char *save = NULL, *t = strtok_r(extra, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
         if (strcmp(t, "no-lineinfo") == 0) lineinfo = false;
         else if (nextra < EXTRA_OPTS) extra_opts[nextra++] = t;
@@ -546,11 +555,14 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
 static pa_status variant_image(pa_context *ctx, const char *variant, const kvariant *v,
                                const char *arch, int image_kind, bool use_disk, void **image,
                                size_t *size, bool *was_cached) {
+    const char *extra;
+    pa_status st = nvrtc_options(ctx, &extra);
+    if (st) return st;
     sources s;
-    pa_status st = sources_get(ctx, &s);
+    st = sources_get(ctx, &s);
     if (st) return st;
     uint64_t key[2];
-    variant_key(&s, v, arch, image_kind, key);
+    variant_key(&s, v, arch, image_kind, extra, key);
     char path[1024];
     bool disk = use_disk && cache_path(arch, key, path, sizeof path);
     *was_cached = false;
@@ -565,7 +577,7 @@ static pa_status variant_image(pa_context *ctx, const char *variant, const kvari
         free(*image);
         *image = NULL;
     }
-    st = nvrtc_compile(ctx, variant, &s, v, arch, image_kind, image, size);
+    st = nvrtc_compile(ctx, variant, &s, v, arch, image_kind, extra, image, size);
     sources_free(&s);
     if (st == PA_OK && disk) cache_write(path, key, *image, *size, image_kind);
     return st;
@@ -618,11 +630,9 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
     if (strlen(srcdir) >= sizeof impl->modules->srcdir)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_KERNEL_DIR: longer than %d characters",
                        (int)sizeof impl->modules->srcdir - 1);
-    const char *options = getenv("PAGEDATTN_NVRTC_OPTIONS");
-    if (!options) options = "";
-    if (strlen(options) >= sizeof impl->modules->options)
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_NVRTC_OPTIONS: longer than %d characters",
-                       (int)sizeof impl->modules->options - 1);
+    const char *options;
+    pa_status st = nvrtc_options(ctx, &options);
+    if (st) return st;
     for (pa_kmodule *m = impl->modules; m; m = m->next) {
         if (strcmp(m->name, variant) == 0 && strcmp(m->srcdir, srcdir) == 0 && strcmp(m->options, options) == 0) {
             *out = m;
@@ -632,7 +642,7 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
     if (strlen(variant) >= sizeof impl->modules->name)
         return pa_fail(ctx, PA_ERR_INTERNAL, "kernel variant name too long: %s", variant);
     kvariant v;
-    pa_status st = parse_variant(ctx, variant, &v);
+    st = parse_variant(ctx, variant, &v);
     if (st) return st;
     int image_kind = IMAGE_CUBIN;
     char arch[32];
