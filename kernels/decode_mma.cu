@@ -81,6 +81,20 @@ static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a
 constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next one without waiting */
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
+/* Claimed stages (p.claim, one block per unit; kernels/NOTES.md, session
+ * 17): a split runs CS = 2 STAGES + 2 stages of its own, then claims runs of
+ * CRUN = 2 stages from its tile's counter. The run starting at stage X is
+ * claimed (an atomic) at stage X - CS; two stages later (where the next
+ * claim is taken: one result in flight, read two stages after its atomic)
+ * the result gives its stages' first keys (X - 2 STAGES), a stage later
+ * each stage's page ids are copied, landing where its row offsets are made
+ * (X - STAGES); its rows are copied at X - STAGES + 1 and used at X. CR
+ * stages of first keys and page ids are in flight. */
+constexpr int CS = PA_DECODE_CLAIM_STATIC(PA_STAGES), CRUN = PA_DECODE_CLAIM_RUN, CR = CS;
+static_assert(CS - 2 * PA_STAGES == CRUN, "a claim's result is read where the next claim is taken");
+constexpr bool CAN_CLAIM = !PERSIST && PA_STAGES <= PA_DECODE_CLAIM_MAX_STAGES;
+/* page ids a stage of T keys spans (from any key) */
+constexpr int PPS = PA_PAGE == -1 ? 1 : PA_PAGE > 0 ? (T - 1) / PA_PAGE + 2 : T + 1;
 } // namespace
 
 extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
@@ -108,6 +122,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     __shared__ float s_slope[NSLOT][16];
     __shared__ int s_lo[NSLOT][16], s_hi[NSLOT][16];
     __shared__ float s_ml[16 * NWARPS * 2];
+    __shared__ int s_ckb[CAN_CLAIM ? CR : 1]; /* claimed stages' first keys; -1: the end */
+    __shared__ int s_cpg[CAN_CLAIM ? CR : 1][CAN_CLAIM ? PPS : 1]; /* and their page ids */
     i64 *s_rowoff = (i64 *)(smem + PAGES_BYTES);
     u8 *s_q = smem + PAGES_BYTES + ROWOFF_BYTES;
     u8 *s_kv = smem + KV_OFF;
@@ -129,10 +145,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
      * running ahead (STAGES - 1 stages, their row offsets one more) never
      * reach past the next unit (the extra stages copy nothing: zero-filled,
      * masked) */
+    /* claim: the block's item claims stages past its static ones (set once
+     * its work item is there); the stages then run until one is unclaimed */
+    bool claim = false;
     auto stages_of = [&](int j) {
         const pa_work &w = s_w[j];
         const int n = (w.k1 - w.k0 + T - 1) / T;
-        return PERSIST ? max(n, PA_STAGES) : n;
+        return PERSIST ? max(n, PA_STAGES) : CAN_CLAIM && claim ? 0x3fffffff : n;
     };
 
     /* A unit into slot j: its work item (first; a barrier before load_rest) */
@@ -185,8 +204,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     auto load_rest = [&](int j, bool with_q, bool async, int from = 0) {
         if (s_unit[j] < 0) return;
         const pa_work &w = s_w[j];
-        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w, ps, pages_of(j), from);
-        else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j));
+        /* (claim: only the static stages' page ids) */
+        const int kend = CAN_CLAIM && claim ? w.k0 + CS * T : 0x7fffffff;
+        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w, ps, pages_of(j), from, kend);
+        else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j), 0, kend);
         if (tid < 16) {
             const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
             const int r = tid, qi = r / GT, h = hk * p.group + g0 + r % GT;
@@ -217,11 +238,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             i64 off = -1;
             if (valid) {
                 const pa_work &w = s_w[rj];
-                const int tok = w.k0 + rs * T + tid;
-                if (tok < w.k1) {
-                    const int hk = (s_unit[rj] % p.head_tiles) / tiles_per_group;
-                    const int page = PA_PAGE == -1 ? 0 : pages_of(rj)[tok / ps - w.k0 / ps];
-                    off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
+                const int hk = (s_unit[rj] % p.head_tiles) / tiles_per_group;
+                if (CAN_CLAIM && claim && rs >= CS) {
+                    /* a claimed stage: its first key and page ids from the ring */
+                    const int kb = s_ckb[rs % CR], tok = kb + tid;
+                    if (kb >= 0 && tok < w.k1) {
+                        const int page = PA_PAGE == -1 ? 0 : s_cpg[rs % CR][tok / ps - kb / ps];
+                        off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
+                    }
+                } else {
+                    const int tok = w.k0 + rs * T + tid;
+                    if (tok < w.k1) {
+                        const int page = PA_PAGE == -1 ? 0 : pages_of(rj)[tok / ps - w.k0 / ps];
+                        off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
+                    }
                 }
             }
             s_rowoff[(G & 1) * T + tid] = off;
@@ -266,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     if (listed && tid >= 32 && tid < 32 + PA_DECODE_FIRST_PAGES)
         pages_of(0)[tid - 32] = ((const int *)p.first_pages)[(i64)item0 * PA_DECODE_FIRST_PAGES + tid - 32];
     __syncthreads();
+    if (CAN_CLAIM) claim = p.claim != 0 && s_unit[0] >= 0 && s_w[0].nsplit > 1;
     /* Early: the first STAGES stages' keys lie in the listed pages (or the
      * cache is contiguous), so the stages go out now and the other page ids,
      * the rows and Q follow in one group of copies waited for before the
@@ -345,9 +376,54 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
         float m0 = -PA_INF, m1 = -PA_INF, l0 = 0.f, l1 = 0.f; /* rows g, g + 8; l: this lane's part */
 
+        /* claim: the split tile's keys past its splits' static stages, from
+         * pool0 on, CRUN stages a claim from its claim counter (thread 0: cq,
+         * the claim in flight; rb, the current run's first key, -1: none) */
+        u32 *const claim_ctr = (u32 *)p.counters + w.counter + p.head_tiles + head_tile;
+        const i64 pool0 = w.k0 + (i64)(w.nsplit - w.split) * CS * T;
+        u32 cq = 0;
+        i64 rb = -1;
+        bool claiming = true;
+        /* One stage's claim work: the page ids of stage st + 2 STAGES - 1
+         * (its first key came a stage ago), then (thread 0) the first key of
+         * stage st + 2 STAGES (a new run: from the claim taken two stages
+         * ago), and at every other stage the claim of the run starting at
+         * stage st + CS. A stage past the keys ends the claims: the counter
+         * only grows, so every later claim fails too. */
+        auto claim_step = [&](int st) {
+            const int xp = st + 2 * PA_STAGES - 1;
+            if (PA_PAGE != -1 && xp >= CS) {
+                const int kb = s_ckb[xp % CR];
+                if (kb >= 0) {
+                    const int first = kb / ps, n = (min(kb + T, w.k1) - 1) / ps - first + 1;
+                    const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first;
+                    if (tid < n)
+                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(&s_cpg[xp % CR][tid])),
+                                     "l"(bt + tid)
+                                     : "memory");
+                }
+            }
+            if (tid == 0) {
+                const int xk = st + 2 * PA_STAGES;
+                if (xk >= CS) {
+                    const int j = (xk - CS) % CRUN;
+                    if (j == 0) rb = claiming ? pool0 + (i64)cq * CRUN * T : -1; /* (cq: two stages old) */
+                    const i64 k = rb + (i64)j * T;
+                    const int kb = rb >= 0 && k < w.k1 ? (int)k : -1;
+                    if (kb < 0) claiming = false;
+                    s_ckb[xk % CR] = kb;
+                }
+                if (claiming && st % CRUN == 0) cq = atomicAdd(claim_ctr, 1u);
+            }
+        };
+
         for (int st = 0; st < nst; st++, G++) {
             pa_cp_async_wait<PA_STAGES - 2>();
             __syncthreads(); /* stage G landed; buffer (G - 1) % STAGES and ring entry (G + STAGES) & 1 are free */
+            if (CAN_CLAIM && claim) {
+                if (st >= CS && s_ckb[st % CR] < 0) break; /* (block-uniform) */
+                claim_step(st);
+            }
             if (prep_async) {
                 /* the next unit without waiting, as late as that allows (a unit
                  * taken early is one another block could have taken): from
@@ -414,7 +490,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
                 }
             }
             /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
-            const int kb = k0 + st * T + warp * KPW;
+            const int kb =
+                (CAN_CLAIM && claim && st >= CS ? s_ckb[st % CR] : k0 + st * T) + warp * KPW;
             float mx0 = m0, mx1 = m1;
 #pragma unroll
             for (int n = 0; n < NT; n++) {
@@ -569,7 +646,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
                 if (lane == 0) ((float *)p.part_lse)[prow] = lse2;
             }
         }
+        /* (claim: thread 0 waits for its last claims, which must precede
+         * its arrival; the last arrival resets the claim counter) */
+        if (CAN_CLAIM && claim && tid == 0) s_flag = (int)cq;
         if (w.nsplit > 1) pa_split_arrival<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, &s_flag);
+        if (CAN_CLAIM && claim && tid == 0 && s_flag) *claim_ctr = 0u;
         if (!PERSIST || s_unit[j ^ 1] < 0) break;
         __syncthreads(); /* the merge area, s_ml and this slot are free */
         j ^= 1;

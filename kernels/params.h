@@ -76,8 +76,21 @@ typedef struct pa_attn_params {
      * stages go out with its work item, not a round trip later; 0: none */
     pa_u64 first_pages;
     pa_i32 first_pages_items;
+    /* decode_mma, one block per unit: 1 where the splits of each split query
+     * tile share its keys past their first PA_DECODE_CLAIM_STATIC(stages)
+     * stages, claiming them PA_DECODE_CLAIM_RUN stages at a time (split s:
+     * k0 = the tile's first key + s * that many stages, k1 = the tile's end;
+     * the host makes every split tile that long); 0: each split its own
+     * [k0, k1) */
+    pa_i32 claim;
 } pa_attn_params;
 #define PA_DECODE_FIRST_PAGES 16 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages */
+/* decode_mma's claims (at up to 4 pipeline stages): a split's static stages
+ * (a run is claimed that many stages before it runs) and the stages a claim
+ * takes */
+#define PA_DECODE_CLAIM_STATIC(stages) (2 * (stages) + 2)
+#define PA_DECODE_CLAIM_RUN 2
+#define PA_DECODE_CLAIM_MAX_STAGES 4
 
 /* TMA descriptors of the K and V caches (the driver's 128-byte CUtensorMap,
  * built by cuTensorMapEncodeTiled): the second parameter of prefill_ws.cu's

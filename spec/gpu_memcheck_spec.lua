@@ -103,6 +103,41 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
     end
   end)
 
+  -- one block per unit, splits of 1024 keys claiming their tile's keys past
+  -- their first 8 stages (PAGEDATTN_DECODE_CLAIM=2: a call that would not
+  -- claim fails); more blocks than a wave, so late blocks find their tile's
+  -- keys taken
+  it("#gpu decode, batch 36, splits claiming their keys, duplicate pages above 2^31 elements", function()
+    local seed = H.seed("gpu memcheck claims")
+    local rng = ref.rng(seed)
+    local B, width = 36, 200
+    local pages = pick_pages(rng, 64)
+    local big_k, big_v, cpu_k, cpu_v, index = pools(rng, pages)
+    local keys, bt = {}, {}
+    for b = 1, B do
+      keys[b] = b == 1 and rng:int(2000, width * PS) or rng:int(0, width * PS)
+      local used = math.ceil(keys[b] / PS)
+      for j = 1, width do
+        bt[(b - 1) * width + j] = j <= used and pages[rng:int(1, #pages)] or (j % 2 == 0 and -1 or 2000000000)
+      end
+    end
+    local q_g, q_c = G.randn2({ B, 1, GQ * HK, D }, "bf16", dev, cpu, seed)
+    local opts_g = { block_table = assert(pa.from_table(bt, { B, width }, "i32", dev)),
+      cache_seqlens = assert(pa.from_table(keys, { B }, "i32", dev)), return_softmax_lse = true }
+    local opts_c = { block_table = assert(pa.from_table(remap(bt, index), { B, width }, "i32", cpu)),
+      cache_seqlens = assert(pa.from_table(keys, { B }, "i32", cpu)), return_softmax_lse = true }
+    local env = { PAGEDATTN_DECODE_PERSIST = "0", PAGEDATTN_SPLIT_CHUNK = "1024", PAGEDATTN_DECODE_CLAIM = "2",
+      PAGEDATTN_DECODE_CLAIM_MIN = "0" }
+    H.with_env(env, function()
+      for rep = 1, 2 do -- (the second call finds the claim counters reset)
+        local og, lg = assert(pa.attention_with_kvcache(q_g, big_k, big_v, opts_g))
+        local oc, lc = assert(pa.attention_with_kvcache(q_c, cpu_k, cpu_v, opts_c))
+        assert_close("decode out, claims, call " .. rep, og:to_table(), oc:to_table(), 2 ^ -9)
+        assert_close("decode lse, claims, call " .. rep, lg:to_table(), lc:to_table(), 1e-4, 1e-5)
+      end
+    end)
+  end)
+
   it("#gpu rotary append of 3 tokens into pages above 2^31 elements, batch 36, then attention", function()
     local seed = H.seed("gpu memcheck append")
     local rng = ref.rng(seed)

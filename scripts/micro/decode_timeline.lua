@@ -62,6 +62,12 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gm
   line("loop T3-T2", loop)
   line("block T4-T0", durs)
   line("end (us from first)", ends)
+  -- claims (one block per unit): the cycles thread 0 waited for its claims'
+  -- results (the record's last field above bit 20), in thousands of cycles
+  local waits = {}
+  for _, r in ipairs(blocks) do waits[#waits + 1] = math.floor(r[8] / 2 ^ 20) / 1000 end
+  table.sort(waits)
+  if waits[#waits] > 0 then line("claim waits (kcycles)", waits) end
   -- active blocks (between T0 and T4) per 5 us bin
   local bins = {}
   local nb = math.ceil((tend - t0) / 5e3)
@@ -77,7 +83,7 @@ for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gm
   local byh, bysm = {}, {}
   for _, r in ipairs(blocks) do
     local e = (r[5] - t0) / 1e3
-    local h = r[8] % HK
+    local h = (r[8] % 2 ^ 20) % HK
     byh[h] = byh[h] or {}
     table.insert(byh[h], e)
     bysm[r[6]] = bysm[r[6]] or {}

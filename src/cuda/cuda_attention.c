@@ -60,6 +60,9 @@ typedef struct kernel_plan {
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
+    bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
+    bool claim_required; /* PAGEDATTN_DECODE_CLAIM=2 (specs): a split decode call that does not claim fails */
+    int claim_stages;    /* a claiming split's static stages (PA_DECODE_CLAIM_STATIC) */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
     bool page_boxes;    /* TMA boxes of all columns (tma=2: a 5-D K/V map), else of 64 */
 } kernel_plan;
@@ -127,6 +130,16 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->tail_splits = !kp->guided;
         kp->first_pages = mma && p->paged && env_int("PAGEDATTN_DECODE_FIRST_PAGES", 1, 0, 1) == 1;
         kp->longest_first = kp->guided;
+        /* one block per unit: the splits of a query tile claim its keys past
+         * their first 2 x stages + 2 stages, two stages at a time, so that a
+         * block on a faster SM takes more of them (kernels/NOTES.md, session
+         * 17); a claim is taken that many stages before its stages run.
+         * PAGEDATTN_DECODE_CLAIM=0: fixed ranges; 2 (specs): a call whose
+         * splits cannot claim fails, so that a spec knows it tested them. */
+        const int claim_env = env_int("PAGEDATTN_DECODE_CLAIM", 1, 0, 2);
+        kp->claim = mma && !persist && !kp->guided && stages <= PA_DECODE_CLAIM_MAX_STAGES && claim_env >= 1;
+        kp->claim_stages = PA_DECODE_CLAIM_STATIC(stages);
+        kp->claim_required = claim_env == 2;
         if (mma)
             snprintf(variant, sizeof variant,
                      "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d",
@@ -261,11 +274,44 @@ typedef struct tile_range {
     int32_t b, i0, lo, hi;
 } tile_range;
 
+/* A query tile's split length (the guided pieces aside), for a tile of len
+ * keys: forced (PAGEDATTN_SPLIT_CHUNK), from the problem's num_splits, or
+ * the plan's; a multiple of the kernel's stage, under the page-id cap. */
+static int64_t tile_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64_t len, int64_t forced_chunk,
+                          int64_t auto_chunk) {
+    int64_t chunk;
+    if (kp->no_split) {
+        chunk = len > 0 ? len : 1;
+    } else if (forced_chunk > 0) {
+        chunk = forced_chunk;
+    } else if (p->num_splits > 0) {
+        const int64_t want = p->num_splits < MAX_SPLITS ? p->num_splits : MAX_SPLITS;
+        chunk = (len + want - 1) / want;
+    } else {
+        chunk = auto_chunk;
+    }
+    chunk = ALIGN_UP(chunk, kp->tokens);
+    if (kp->max_chunk > 0 && chunk > kp->max_chunk) {
+        /* as many pieces as the page-id cap needs, of equal length (a
+         * capped piece and a short rest left the blocks unequal work:
+         * 64 x 16384 at page 16 read 0.88 of the read rate, not 0.95) */
+        const int64_t k = len > 0 ? (len + kp->max_chunk - 1) / kp->max_chunk : 1;
+        chunk = ALIGN_UP((len + k - 1) / k, kp->tokens);
+        if (chunk > kp->max_chunk) chunk = kp->max_chunk;
+    }
+    return chunk < 1 ? 1 : chunk;
+}
+
 /* The work list: every query tile's key range cut into splits. Returns the
  * number of items (writes them when `items` is not NULL), and the partial rows
- * and arrival counters the splits need. */
+ * and arrival counters the splits need. *claim: whether the splits claim
+ * their keys (kp->claim, and every split tile has kp->claim_stages stages
+ * for each split): split s of a tile [lo, hi) is then the item
+ * [lo + s * claim_stages stages, hi), whose block runs its static stages
+ * and then claims stages from lo + nsplit * claim_stages stages on, with a
+ * claim counter after the tile's arrival counters. */
 static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles,
-                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters) {
+                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters, bool *claim) {
     /* Splits: when the tiles alone give fewer blocks than the GPU holds at
      * once, into about one wave of equal blocks; beyond a wave (decode only),
      * when splitting fills the last wave better (below). Each block pays a
@@ -335,6 +381,22 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
             if (c <= kp->tokens) break;
         }
     }
+    /* (claims where every split of a split tile has at least
+     * PAGEDATTN_DECODE_CLAIM_MIN keys, default 4096: 8 x 8192, 2048 keys a
+     * split, measured 71.6 us fixed and 73.6 claiming; 8192 keys a split
+     * gain; kernels/NOTES.md session 17) */
+    const int64_t claim_keys = (int64_t)kp->claim_stages * kp->tokens;
+    const int64_t claim_min = env_int("PAGEDATTN_DECODE_CLAIM_MIN", 4096, 0, INT32_MAX);
+    bool claims = kp->claim && !guided, any_split = false;
+    for (int64_t t = 0; claims && t < ntiles; t++) {
+        const int64_t len = tiles[t].hi - tiles[t].lo;
+        const int64_t chunk = tile_chunk(p, kp, len, forced_chunk, auto_chunk);
+        const int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
+        if (ns > 1) any_split = true;
+        if (ns > 1 && (len < ns * claim_keys || len < ns * claim_min)) claims = false;
+    }
+    claims = claims && any_split;
+    *claim = claims;
     int64_t n = 0, counters = 0, rows = 0, first_item = 0;
     int32_t cur_b = -1, max_split_b = 1;
     for (int64_t t = 0; t <= ntiles; t++) {
@@ -350,27 +412,7 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
             first_item = n;
         }
         const int64_t len = tiles[t].hi - tiles[t].lo;
-        int64_t chunk;
-        if (kp->no_split) {
-            chunk = len > 0 ? len : 1;
-        } else if (forced_chunk > 0) {
-            chunk = forced_chunk;
-        } else if (p->num_splits > 0) {
-            const int64_t want = p->num_splits < MAX_SPLITS ? p->num_splits : MAX_SPLITS;
-            chunk = (len + want - 1) / want;
-        } else {
-            chunk = auto_chunk;
-        }
-        chunk = ALIGN_UP(chunk, kp->tokens);
-        if (kp->max_chunk > 0 && chunk > kp->max_chunk) {
-            /* as many pieces as the page-id cap needs, of equal length (a
-             * capped piece and a short rest left the blocks unequal work:
-             * 64 x 16384 at page 16 read 0.88 of the read rate, not 0.95) */
-            const int64_t k = len > 0 ? (len + kp->max_chunk - 1) / kp->max_chunk : 1;
-            chunk = ALIGN_UP((len + k - 1) / k, kp->tokens);
-            if (chunk > kp->max_chunk) chunk = kp->max_chunk;
-        }
-        if (chunk < 1) chunk = 1;
+        const int64_t chunk = tile_chunk(p, kp, len, forced_chunk, auto_chunk);
         int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
         const int64_t guide_at = guide_left;
         if (guided && len > 0) {
@@ -383,7 +425,7 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         }
         if (ns > max_split_b) max_split_b = (int32_t)ns;
         const int32_t counter = ns > 1 ? (int32_t)counters : 0;
-        if (ns > 1) counters += kp->head_tiles;
+        if (ns > 1) counters += (claims ? 2 : 1) * kp->head_tiles; /* (claims: then the claim counters) */
         const int32_t b = tiles[t].b;
         int64_t pos = tiles[t].lo, left = guide_at;
         for (int64_t s = 0; s < ns; s++) {
@@ -399,6 +441,10 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
                 w->i0 = tiles[t].i0;
                 w->k0 = (int32_t)pos;
                 w->k1 = (int32_t)(pos + piece < tiles[t].hi ? pos + piece : tiles[t].hi);
+                if (claims && ns > 1) {
+                    w->k0 = (int32_t)(tiles[t].lo + s * claim_keys);
+                    w->k1 = tiles[t].hi;
+                }
                 if (len == 0) w->k0 = w->k1 = tiles[t].lo;
                 w->split = (int32_t)s;
                 w->nsplit = (int32_t)ns;
@@ -495,6 +541,7 @@ typedef struct attn_part {
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
+    bool claim;             /* its splits claim their keys (plan_work) */
 } attn_part;
 
 /* prefill_ws with TMA boxes of a paged cache: each work item's first K/V
@@ -625,7 +672,10 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             pt->tiles[t++] = tr;
         }
     }
-    pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
+    pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
+    if (pt->kind == K_DECODE && pt->kp.claim_required && !pt->kp.persistent && !pt->claim)
+        return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_CLAIM=2 (specs), but this call's decode "
+                       "blocks do not claim their keys (no split tile, or one too short for its splits)");
     if (pt->nwork * pt->kp.head_tiles > INT32_MAX)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
                        (long long)(pt->nwork * pt->kp.head_tiles));
@@ -636,10 +686,32 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
  * with its partial rows and counters placed after the earlier parts'. */
 static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *items) {
     int64_t rows, counters;
-    plan_work(p, &pt->kp, pt->tiles, pt->ntiles, items, &rows, &counters);
+    bool claim;
+    plan_work(p, &pt->kp, pt->tiles, pt->ntiles, items, &rows, &counters, &claim);
     for (int64_t i = 0; i < pt->nwork; i++) {
         items[i].part_row += pt->rows0;
         items[i].counter += (int32_t)pt->counters0;
+    }
+    if (claim && env_int("PAGEDATTN_DECODE_CLAIM_ORDER", 1, 0, 1) == 1) {
+        /* split-major: the blocks that share a tile's claims launch a grid /
+         * nsplit apart, not next to each other (likely on one GPC, whose
+         * SMs stream alike: 8 x 32768 took 251.8-252.2 us so, 249.8-250.3
+         * split-major, 252.9-254.6 without claims; kernels/NOTES.md).
+         * PAGEDATTN_DECODE_CLAIM_ORDER=0: sequence-major.
+         * (Without host memory for the copy the order stays: same results.) */
+        int32_t nsplit = 1;
+        for (int64_t i = 0; i < pt->nwork; i++)
+            if (items[i].nsplit > nsplit) nsplit = items[i].nsplit;
+        pa_work *copy = malloc(sizeof *copy * (size_t)pt->nwork);
+        int64_t *at = calloc((size_t)nsplit + 1, sizeof *at);
+        if (copy && at) {
+            memcpy(copy, items, sizeof *copy * (size_t)pt->nwork);
+            for (int64_t i = 0; i < pt->nwork; i++) at[copy[i].split + 1]++;
+            for (int32_t sp = 0; sp < nsplit; sp++) at[sp + 1] += at[sp];
+            for (int64_t i = 0; i < pt->nwork; i++) items[at[copy[i].split]++] = copy[i];
+        }
+        free(copy);
+        free(at);
     }
     if (pt->kp.ws && env_int("PAGEDATTN_PREFILL_ORDER", 1, 0, 1) && order_by_sequence(p, items, pt->nwork)) return;
     if (pt->kp.longest_first) qsort(items, (size_t)pt->nwork, sizeof *items, by_length_desc);
@@ -835,6 +907,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.scale = p->scale;
         ap.softcap = p->softcap;
         ap.item_counter = (pa_i32)(kp->persistent ? parts[i].counters0 + parts[i].ncounters : 0);
+        ap.claim = parts[i].claim;
         if (parts[i].pages0 >= 0) {
             ap.first_pages = plan + pages_off + sizeof(int32_t) * PA_DECODE_FIRST_PAGES * (size_t)parts[i].pages0;
             ap.first_pages_items = (pa_i32)parts[i].npaged;
