@@ -29,6 +29,11 @@
  * the end of one unit into the next: a block pays its start-up once, not
  * per unit.
  *
+ * p.claim (one block per unit, kernels/NOTES.md, session 17): the splits of
+ * a query tile run their first CS stages and then take the tile's other
+ * keys CRUN stages at a time from a counter (claimed CS stages ahead, their
+ * page ids loaded per stage), so that a block on a faster SM takes more.
+ *
  * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 32, <= 128), PA_NQ,
  * PA_GT (NQ * GT <= 16), PA_PAGE (-1 contiguous, 0 any, else a power of two),
  * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1).
@@ -133,6 +138,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
     const int units = p.num_work * p.head_tiles;
     const bool natural = p.softcap > 0.f || p.alibi != 0;
+    /* claim: the block's item claims stages past its first CS (set once its
+     * work item is there) */
+    bool claim = false;
     auto pages_of = [&](int j) { return (int *)smem + j * PA_MAXP; };
     /* the next unit's index less gridDim.x (persistent blocks) */
     auto fetch_unit = [&]() {
@@ -144,10 +152,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     /* stages a unit runs; PERSIST: at least STAGES, so that the copies
      * running ahead (STAGES - 1 stages, their row offsets one more) never
      * reach past the next unit (the extra stages copy nothing: zero-filled,
-     * masked) */
-    /* claim: the block's item claims stages past its static ones (set once
-     * its work item is there); the stages then run until one is unclaimed */
-    bool claim = false;
+     * masked); claim: until a stage finds no key (the loop breaks) */
     auto stages_of = [&](int j) {
         const pa_work &w = s_w[j];
         const int n = (w.k1 - w.k0 + T - 1) / T;

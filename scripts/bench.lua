@@ -24,6 +24,8 @@
 --   --head-dim 64|256: the same workloads at another head dim (default 128).
 --   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
 --   workloads with those environment variables set (kernel tuning sweeps);
+--   PAGEDATTN_BENCH_CONFIG_LAYOUTS="16,256,0": the layouts of those runs (page
+--   sizes, 0 unpaged; default 16);
 --   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads;
 --   PAGEDATTN_BENCH_APPEND_CONFIGS: the same for the rotary append rows;
 --   PAGEDATTN_BENCH_DECODE_WORKLOADS="8x16384,8x65536": more page-16 decode
@@ -171,6 +173,10 @@ local function decode_row(name, lay, bytes, kernel_s, wall_s, loop_s)
 end
 
 local iters = quick and 10 or 40
+local config_layouts = {}
+for p in (os.getenv("PAGEDATTN_BENCH_CONFIG_LAYOUTS") or "16"):gmatch("%d+") do
+  config_layouts[#config_layouts + 1] = tonumber(p)
+end
 local workloads = { { 64, 4096 }, { 8, 32768 }, { 256, 1024 } }
 -- the page-16 workloads of the sweeps: these and PAGEDATTN_BENCH_DECODE_WORKLOADS
 local extra_workloads, page16_workloads = {}, { unpack(workloads) }
@@ -248,7 +254,9 @@ if run_decode then
   end)
   -- tuning sweeps
   with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
-    for _, wl in ipairs(page16_workloads) do decode(wl[1], wl[2], 16, " [" .. config .. "]") end
+    for _, wl in ipairs(page16_workloads) do
+      for _, page in ipairs(config_layouts) do decode(wl[1], wl[2], page, " [" .. config .. "]") end
+    end
   end)
 end
 
