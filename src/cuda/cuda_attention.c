@@ -62,7 +62,7 @@ typedef struct kernel_plan {
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
     bool claim_required; /* PAGEDATTN_DECODE_CLAIM=2 (specs): a split decode call that does not claim fails */
-    int claim_stages;    /* a claiming split's static stages (PA_DECODE_CLAIM_STATIC) */
+    int claim_stages;    /* a claiming split's static stages at least (PA_DECODE_CLAIM_STATIC) */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
     bool page_boxes;    /* TMA boxes of all columns (tma=2: a 5-D K/V map), else of 64 */
 } kernel_plan;
@@ -130,14 +130,17 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->tail_splits = !kp->guided;
         kp->first_pages = mma && p->paged && env_int("PAGEDATTN_DECODE_FIRST_PAGES", 1, 0, 1) == 1;
         kp->longest_first = kp->guided;
-        /* one block per unit: the splits of a query tile claim its keys past
-         * their first 2 x stages + 2 stages, two stages at a time, so that a
-         * block on a faster SM takes more of them (kernels/NOTES.md, session
-         * 17); a claim is taken that many stages before its stages run.
+        /* one block per unit, paged caches: the splits of a query tile claim
+         * its keys past their first 2 x stages + 2 stages, two stages at a
+         * time, so that a block on a faster SM takes more of them
+         * (kernels/NOTES.md, session 17); a claim is taken that many stages
+         * before its stages run. (Contiguous caches keep their fixed ranges:
+         * claiming, 8 x 32768 and 16 x 16384 unpaged measured 1-4 us slower.)
          * PAGEDATTN_DECODE_CLAIM=0: fixed ranges; 2 (specs): a call whose
          * splits cannot claim fails, so that a spec knows it tested them. */
         const int claim_env = env_int("PAGEDATTN_DECODE_CLAIM", 1, 0, 2);
-        kp->claim = mma && !persist && !kp->guided && stages <= PA_DECODE_CLAIM_MAX_STAGES && claim_env >= 1;
+        kp->claim = mma && !persist && !kp->guided && p->paged && stages <= PA_DECODE_CLAIM_MAX_STAGES &&
+                    claim_env >= 1;
         kp->claim_stages = PA_DECODE_CLAIM_STATIC(stages);
         kp->claim_required = claim_env == 2;
         if (mma)
@@ -304,14 +307,14 @@ static int64_t tile_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64
 
 /* The work list: every query tile's key range cut into splits. Returns the
  * number of items (writes them when `items` is not NULL), and the partial rows
- * and arrival counters the splits need. *claim: whether the splits claim
- * their keys (kp->claim, and every split tile has kp->claim_stages stages
- * for each split): split s of a tile [lo, hi) is then the item
- * [lo + s * claim_stages stages, hi), whose block runs its static stages
- * and then claims stages from lo + nsplit * claim_stages stages on, with a
- * claim counter after the tile's arrival counters. */
+ * and arrival counters the splits need. *claim: 0, or the static stages of
+ * the splits where they claim their keys (kp->claim, and every split tile
+ * has that many stages for each split): split s of a tile [lo, hi) is then
+ * the item [lo + s * claim stages, hi), whose block runs its static stages
+ * and then claims stages from lo + nsplit * claim stages on, with a claim
+ * counter after the tile's arrival counters. */
 static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles,
-                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters, bool *claim) {
+                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters, int *claim) {
     /* Splits: when the tiles alone give fewer blocks than the GPU holds at
      * once, into about one wave of equal blocks; beyond a wave (decode only),
      * when splitting fills the last wave better (below). Each block pays a
@@ -385,8 +388,10 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
      * PAGEDATTN_DECODE_CLAIM_MIN keys, default 4096: 8 x 8192, 2048 keys a
      * split, measured 71.6 us fixed and 73.6 claiming; 8192 keys a split
      * gain; kernels/NOTES.md session 17) */
-    const int64_t claim_keys = (int64_t)kp->claim_stages * kp->tokens;
     const int64_t claim_min = env_int("PAGEDATTN_DECODE_CLAIM_MIN", 4096, 0, INT32_MAX);
+    /* (the static stages: the claims' lead; longer ones, 50-90 % of each
+     * split, measured slower, kernels/NOTES.md session 17) */
+    const int64_t claim_keys = (int64_t)kp->claim_stages * kp->tokens;
     bool claims = kp->claim && !guided, any_split = false;
     for (int64_t t = 0; claims && t < ntiles; t++) {
         const int64_t len = tiles[t].hi - tiles[t].lo;
@@ -396,7 +401,7 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         if (ns > 1 && (len < ns * claim_keys || len < ns * claim_min)) claims = false;
     }
     claims = claims && any_split;
-    *claim = claims;
+    *claim = claims ? kp->claim_stages : 0;
     int64_t n = 0, counters = 0, rows = 0, first_item = 0;
     int32_t cur_b = -1, max_split_b = 1;
     for (int64_t t = 0; t <= ntiles; t++) {
@@ -541,7 +546,7 @@ typedef struct attn_part {
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
-    bool claim;             /* its splits claim their keys (plan_work) */
+    int claim;              /* its splits' static stages where they claim their keys (plan_work), else 0 */
 } attn_part;
 
 /* prefill_ws with TMA boxes of a paged cache: each work item's first K/V
@@ -686,7 +691,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
  * with its partial rows and counters placed after the earlier parts'. */
 static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *items) {
     int64_t rows, counters;
-    bool claim;
+    int claim;
     plan_work(p, &pt->kp, pt->tiles, pt->ntiles, items, &rows, &counters, &claim);
     for (int64_t i = 0; i < pt->nwork; i++) {
         items[i].part_row += pt->rows0;
