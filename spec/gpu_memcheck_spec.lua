@@ -74,15 +74,17 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
   if G.pending_without(pending, dev, why) then return end
   local cpu = assert(pa.device("cpu"))
 
-  it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()
-    local seed = H.seed("gpu memcheck decode")
+  -- A decode problem on the big pool: B sequences over at most `width`
+  -- pages each, drawn with duplicates from npages distinct ones, the first
+  -- sequence at least first_keys long (the rest are garbage ids); its
+  -- call's arguments on the device (g) and on the CPU's compact copy (c).
+  local function big_decode(seed, B, width, npages, first_keys)
     local rng = ref.rng(seed)
-    local B, width = 40, 64
-    local pages = pick_pages(rng, 48)
+    local pages = pick_pages(rng, npages)
     local big_k, big_v, cpu_k, cpu_v, index = pools(rng, pages)
     local keys, bt = {}, {}
     for b = 1, B do
-      keys[b] = rng:int(b == 1 and 1 or 0, width * PS)
+      keys[b] = rng:int(b == 1 and first_keys or 0, width * PS)
       local used = math.ceil(keys[b] / PS)
       for j = 1, width do
         bt[(b - 1) * width + j] = j <= used and pages[rng:int(1, #pages)] or (j % 2 == 0 and -1 or 2000000000)
@@ -93,13 +95,21 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
       cache_seqlens = assert(pa.from_table(keys, { B }, "i32", dev)), return_softmax_lse = true }
     local opts_c = { block_table = assert(pa.from_table(remap(bt, index), { B, width }, "i32", cpu)),
       cache_seqlens = assert(pa.from_table(keys, { B }, "i32", cpu)), return_softmax_lse = true }
+    return { g = { q_g, big_k, big_v, opts_g }, c = { q_c, cpu_k, cpu_v, opts_c } }
+  end
+  -- bf16 outputs: both rounded once from f32 accumulations
+  local function compare_decode(pr, label)
+    local og, lg = assert(pa.attention_with_kvcache(unpack(pr.g)))
+    local oc, lc = assert(pa.attention_with_kvcache(unpack(pr.c)))
+    assert_close("decode out, " .. label, og:to_table(), oc:to_table(), 2 ^ -9)
+    assert_close("decode lse, " .. label, lg:to_table(), lc:to_table(), 1e-4, 1e-5)
+  end
+
+  it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()
+    local pr = big_decode(H.seed("gpu memcheck decode"), 40, 64, 48, 1)
     for _, splits in ipairs({ 0, 3 }) do
-      opts_g.num_splits, opts_c.num_splits = splits, splits
-      local og, lg = assert(pa.attention_with_kvcache(q_g, big_k, big_v, opts_g))
-      local oc, lc = assert(pa.attention_with_kvcache(q_c, cpu_k, cpu_v, opts_c))
-      -- bf16 outputs: both rounded once from f32 accumulations
-      assert_close("decode out, splits " .. splits, og:to_table(), oc:to_table(), 2 ^ -9)
-      assert_close("decode lse, splits " .. splits, lg:to_table(), lc:to_table(), 1e-4, 1e-5)
+      pr.g[4].num_splits, pr.c[4].num_splits = splits, splits
+      compare_decode(pr, "splits " .. splits)
     end
   end)
 
@@ -108,33 +118,12 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
   -- claim fails); more blocks than a wave, so late blocks find their tile's
   -- keys taken
   it("#gpu decode, batch 36, splits claiming their keys, duplicate pages above 2^31 elements", function()
-    local seed = H.seed("gpu memcheck claims")
-    local rng = ref.rng(seed)
-    local B, width = 36, 200
-    local pages = pick_pages(rng, 64)
-    local big_k, big_v, cpu_k, cpu_v, index = pools(rng, pages)
-    local keys, bt = {}, {}
-    for b = 1, B do
-      keys[b] = b == 1 and rng:int(2000, width * PS) or rng:int(0, width * PS)
-      local used = math.ceil(keys[b] / PS)
-      for j = 1, width do
-        bt[(b - 1) * width + j] = j <= used and pages[rng:int(1, #pages)] or (j % 2 == 0 and -1 or 2000000000)
-      end
-    end
-    local q_g, q_c = G.randn2({ B, 1, GQ * HK, D }, "bf16", dev, cpu, seed)
-    local opts_g = { block_table = assert(pa.from_table(bt, { B, width }, "i32", dev)),
-      cache_seqlens = assert(pa.from_table(keys, { B }, "i32", dev)), return_softmax_lse = true }
-    local opts_c = { block_table = assert(pa.from_table(remap(bt, index), { B, width }, "i32", cpu)),
-      cache_seqlens = assert(pa.from_table(keys, { B }, "i32", cpu)), return_softmax_lse = true }
+    local pr = big_decode(H.seed("gpu memcheck claims"), 36, 200, 64, 2000)
     local env = { PAGEDATTN_DECODE_PERSIST = "0", PAGEDATTN_SPLIT_CHUNK = "1024", PAGEDATTN_DECODE_CLAIM = "2",
       PAGEDATTN_DECODE_CLAIM_MIN = "0" }
     H.with_env(env, function()
-      for rep = 1, 2 do -- (the second call finds the claim counters reset)
-        local og, lg = assert(pa.attention_with_kvcache(q_g, big_k, big_v, opts_g))
-        local oc, lc = assert(pa.attention_with_kvcache(q_c, cpu_k, cpu_v, opts_c))
-        assert_close("decode out, claims, call " .. rep, og:to_table(), oc:to_table(), 2 ^ -9)
-        assert_close("decode lse, claims, call " .. rep, lg:to_table(), lc:to_table(), 1e-4, 1e-5)
-      end
+      -- (the second call finds the claim counters reset)
+      for rep = 1, 2 do compare_decode(pr, "claims, call " .. rep) end
     end)
   end)
 
