@@ -62,7 +62,7 @@ typedef struct kernel_plan {
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
     bool claim_required; /* PAGEDATTN_DECODE_CLAIM=2 (specs): a split decode call that does not claim fails */
-    int claim_stages;    /* a claiming split's static stages at least (PA_DECODE_CLAIM_STATIC) */
+    int claim_stages;    /* a claiming split's static stages (PA_DECODE_CLAIM_STATIC) */
     int tma_rows;       /* > 0: K/V tiles by TMA, boxes of this many cache rows */
     bool page_boxes;    /* TMA boxes of all columns (tma=2: a 5-D K/V map), else of 64 */
 } kernel_plan;
