@@ -181,22 +181,20 @@ PA_DEV i64 pa_key_offset(const pa_attn_params &p, const pa_work &w, int tok, int
     return row * 2 + head_bytes;
 }
 
-/* Loads the page ids of keys [w.k0, min(w.k1, k1)) of sequence w.b into s_pages (one
- * per page, from the block table's row), never reading the table past the last
+/* Loads the page ids of keys [k0, k1) of sequence b into s_pages (one per
+ * page, from the block table's row), never reading the table past the last
  * page that holds a key; returns that row's index of s_pages[0]. PAGE == -1: a
- * contiguous cache, nothing to load. Every thread of the block takes part.
+ * contiguous cache, nothing to load. Threads 0 to NTHREADS - 1 take part.
  * ASYNC: by cp.async (4 bytes each), every thread's copies in flight at once;
  * the caller commits, waits and synchronises. from: the first `from` ids are
  * there already (s_pages[0, from) untouched). */
 template <int PAGE, int NTHREADS, bool ASYNC = false>
-__device__ int pa_load_page_ids(const pa_attn_params &p, const pa_work &w, int ps, int *s_pages, int from = 0,
-                                int k1 = 0x7fffffff) {
+__device__ int pa_load_page_ids(const pa_attn_params &p, int b, int k0, int k1, int ps, int *s_pages, int from = 0) {
     int first_page = 0;
-    k1 = min(k1, w.k1);
-    if (PAGE != -1 && k1 > w.k0) {
-        first_page = w.k0 / ps;
+    if (PAGE != -1 && k1 > k0) {
+        first_page = k0 / ps;
         const int npages = (k1 - 1) / ps - first_page + 1;
-        const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first_page;
+        const int *bt = (const int *)p.block_table + (i64)b * p.bt_stride + first_page;
         for (int i = from + (int)threadIdx.x; i < npages; i += NTHREADS) {
             if (ASYNC)
                 asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(s_pages + i)), "l"(bt + i)

@@ -135,7 +135,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
 
     /* 1. page ids of keys [k0, k1), never past the last page holding a key */
-    const int first_page = pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, s_pages);
+    const int first_page = pa_load_page_ids<PA_PAGE, NTHREADS>(p, w.b, w.k0, w.k1, ps, s_pages);
 
     /* 2. q rows (scaled; base-2 scores unless softcap/ALiBi need natural units) */
     const bool natural = p.softcap > 0.f || p.alibi != 0;

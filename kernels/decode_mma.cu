@@ -30,7 +30,7 @@
  * per unit.
  *
  * p.claim (one block per unit, kernels/NOTES.md, session 17): the splits of
- * a query tile run their first p.claim stages and then take the tile's other
+ * a query tile run their first CS stages and then take the tile's other
  * keys CRUN stages at a time from a counter (claimed CS stages ahead, their
  * page ids loaded per stage), so that a block on a faster SM takes more.
  *
@@ -87,9 +87,8 @@ constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next on
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 /* Claimed stages (p.claim, one block per unit; kernels/NOTES.md, session
- * 17): a split runs p.claim >= CS = 2 STAGES + 2 stages of its own, then
- * claims runs of CRUN = 2 stages from its tile's counter. The run starting
- * at stage X is
+ * 17): a split runs CS = 2 STAGES + 2 stages of its own, then claims runs
+ * of CRUN = 2 stages from its tile's counter. The run starting at stage X is
  * claimed (an atomic) at stage X - CS; two stages later (where the next
  * claim is taken: one result in flight, read two stages after its atomic)
  * the result gives its stages' first keys (X - 2 STAGES), a stage later
@@ -139,10 +138,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
     const int units = p.num_work * p.head_tiles;
     const bool natural = p.softcap > 0.f || p.alibi != 0;
-    /* claim: the block's item claims stages past its first ncs (set once its
+    /* claim: the block's item claims stages past its first CS (set once its
      * work item is there) */
     bool claim = false;
-    const int ncs = p.claim;
     auto pages_of = [&](int j) { return (int *)smem + j * PA_MAXP; };
     /* the next unit's index less gridDim.x (persistent blocks) */
     auto fetch_unit = [&]() {
@@ -212,9 +210,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
         if (s_unit[j] < 0) return;
         const pa_work &w = s_w[j];
         /* (claim: only the static stages' page ids) */
-        const int kend = CAN_CLAIM && claim ? w.k0 + ncs * T : 0x7fffffff;
-        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w, ps, pages_of(j), from, kend);
-        else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w, ps, pages_of(j), 0, kend);
+        const int k1 = CAN_CLAIM && claim ? min(w.k1, w.k0 + CS * T) : w.k1;
+        if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w.b, w.k0, k1, ps, pages_of(j), from);
+        else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w.b, w.k0, k1, ps, pages_of(j));
         if (tid < 16) {
             const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
             const int r = tid, qi = r / GT, h = hk * p.group + g0 + r % GT;
@@ -246,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             if (valid) {
                 const pa_work &w = s_w[rj];
                 const int hk = (s_unit[rj] % p.head_tiles) / tiles_per_group;
-                if (CAN_CLAIM && claim && rs >= ncs) {
+                if (CAN_CLAIM && claim && rs >= CS) {
                     /* a claimed stage: its first key and page ids from the ring */
                     const int kb = s_ckb[rs % CR], tok = kb + tid;
                     if (kb >= 0 && tok < w.k1) {
@@ -387,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
          * pool0 on, CRUN stages a claim from its claim counter (thread 0: cq,
          * the claim in flight; rb, the current run's first key, -1: none) */
         u32 *const claim_ctr = (u32 *)p.counters + w.counter + p.head_tiles + head_tile;
-        const i64 pool0 = w.k0 + (i64)(w.nsplit - w.split) * ncs * T;
+        const i64 pool0 = w.k0 + (i64)(w.nsplit - w.split) * CS * T;
         u32 cq = 0;
         i64 rb = -1;
         bool claiming = true;
@@ -399,28 +397,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
          * only grows, so every later claim fails too. */
         auto claim_step = [&](int st) {
             const int xp = st + 2 * PA_STAGES - 1;
-            if (PA_PAGE != -1 && xp >= ncs) {
-                const int kb = s_ckb[xp % CR];
-                if (kb >= 0) {
-                    const int first = kb / ps, n = (min(kb + T, w.k1) - 1) / ps - first + 1;
-                    const int *bt = (const int *)p.block_table + (i64)w.b * p.bt_stride + first;
-                    if (tid < n)
-                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(pa_smem_addr(&s_cpg[xp % CR][tid])),
-                                     "l"(bt + tid)
-                                     : "memory");
-                }
+            if (xp >= CS) {
+                const int kb = s_ckb[xp % CR]; /* (PPS ids at most: one pass of the block) */
+                if (kb >= 0) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w.b, kb, min(kb + T, w.k1), ps, s_cpg[xp % CR]);
             }
             if (tid == 0) {
                 const int xk = st + 2 * PA_STAGES;
-                if (xk >= ncs) {
-                    const int j = (xk - ncs) % CRUN;
+                if (xk >= CS) {
+                    const int j = (xk - CS) % CRUN;
                     if (j == 0) rb = claiming ? pool0 + (i64)cq * CRUN * T : -1; /* (cq: two stages old) */
                     const i64 k = rb + (i64)j * T;
                     const int kb = rb >= 0 && k < w.k1 ? (int)k : -1;
                     if (kb < 0) claiming = false;
                     s_ckb[xk % CR] = kb;
                 }
-                if (claiming && st >= ncs - CS && (st - (ncs - CS)) % CRUN == 0) cq = atomicAdd(claim_ctr, 1u);
+                if (claiming && st % CRUN == 0) cq = atomicAdd(claim_ctr, 1u);
             }
         };
 
@@ -428,7 +419,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             pa_cp_async_wait<PA_STAGES - 2>();
             __syncthreads(); /* stage G landed; buffer (G - 1) % STAGES and ring entry (G + STAGES) & 1 are free */
             if (CAN_CLAIM && claim) {
-                if (st >= ncs && s_ckb[st % CR] < 0) break; /* (block-uniform) */
+                if (st >= CS && s_ckb[st % CR] < 0) break; /* (block-uniform) */
                 claim_step(st);
             }
             if (prep_async) {
@@ -498,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_at
             }
             /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
             const int kb =
-                (CAN_CLAIM && claim && st >= ncs ? s_ckb[st % CR] : k0 + st * T) + warp * KPW;
+                (CAN_CLAIM && claim && st >= CS ? s_ckb[st % CR] : k0 + st * T) + warp * KPW;
             float mx0 = m0, mx1 = m1;
 #pragma unroll
             for (int n = 0; n < NT; n++) {

@@ -76,12 +76,11 @@ typedef struct pa_attn_params {
      * stages go out with its work item, not a round trip later; 0: none */
     pa_u64 first_pages;
     pa_i32 first_pages_items;
-    /* decode_mma, one block per unit: where the splits of each split query
-     * tile share its keys, the stages each runs of its own (the host passes
-     * PA_DECODE_CLAIM_STATIC(stages)); they then claim the tile's other keys
-     * PA_DECODE_CLAIM_RUN stages at a time (split s: k0 = the tile's first
-     * key + s * claim stages, k1 = the tile's end; the host makes every split
-     * tile that long). 0: each split its own [k0, k1) */
+    /* decode_mma, one block per unit: 1 where the splits of each split query
+     * tile share its keys past their first PA_DECODE_CLAIM_STATIC(stages)
+     * stages, claiming them PA_DECODE_CLAIM_RUN stages at a time (split s:
+     * k0 = the tile's first key + s * those stages, k1 = the tile's end; the
+     * host makes every split tile that long); 0: each split its own [k0, k1) */
     pa_i32 claim;
 } pa_attn_params;
 #define PA_DECODE_FIRST_PAGES 16 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages */

@@ -307,14 +307,14 @@ static int64_t tile_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64
 
 /* The work list: every query tile's key range cut into splits. Returns the
  * number of items (writes them when `items` is not NULL), and the partial rows
- * and arrival counters the splits need. *claim: 0, or the static stages of
- * the splits where they claim their keys (kp->claim, and every split tile
- * has that many stages for each split): split s of a tile [lo, hi) is then
- * the item [lo + s * claim stages, hi), whose block runs its static stages
- * and then claims stages from lo + nsplit * claim stages on, with a claim
- * counter after the tile's arrival counters. */
+ * and arrival counters the splits need. *claim: whether the splits claim
+ * their keys (kp->claim, and every split tile has kp->claim_stages stages
+ * for each split): split s of a tile [lo, hi) is then the item
+ * [lo + s * claim_stages stages, hi), whose block runs its static stages
+ * and then claims stages from lo + nsplit * claim_stages stages on, with a
+ * claim counter after the tile's arrival counters. */
 static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles,
-                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters, int *claim) {
+                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters, bool *claim) {
     /* Splits: when the tiles alone give fewer blocks than the GPU holds at
      * once, into about one wave of equal blocks; beyond a wave (decode only),
      * when splitting fills the last wave better (below). Each block pays a
@@ -401,7 +401,7 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         if (ns > 1 && (len < ns * claim_keys || len < ns * claim_min)) claims = false;
     }
     claims = claims && any_split;
-    *claim = claims ? kp->claim_stages : 0;
+    *claim = claims;
     int64_t n = 0, counters = 0, rows = 0, first_item = 0;
     int32_t cur_b = -1, max_split_b = 1;
     for (int64_t t = 0; t <= ntiles; t++) {
@@ -546,7 +546,7 @@ typedef struct attn_part {
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
-    int claim;              /* its splits' static stages where they claim their keys (plan_work), else 0 */
+    bool claim;             /* its splits claim their keys (plan_work) */
 } attn_part;
 
 /* prefill_ws with TMA boxes of a paged cache: each work item's first K/V
@@ -691,7 +691,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
  * with its partial rows and counters placed after the earlier parts'. */
 static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *items) {
     int64_t rows, counters;
-    int claim;
+    bool claim;
     plan_work(p, &pt->kp, pt->tiles, pt->ntiles, items, &rows, &counters, &claim);
     for (int64_t i = 0; i < pt->nwork; i++) {
         items[i].part_row += pt->rows0;
