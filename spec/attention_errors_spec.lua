@@ -78,6 +78,12 @@ describe("attention_with_kvcache rejects bad input and changes nothing", functio
     expect_error(s, "block_table", "is %-1")
   end)
 
+  it("the most negative block table entry, after valid ones", function()
+    local s = setup()
+    s.opts.block_table = pa.from_table({ 0, 1, 2, 3, 4, 5, 6, 7, 8, -2147483648, 10, 11 }, { 3, 4 }, "i32", cpu)
+    expect_error(s, "block_table", "entry %[2, 1%] is %-2147483648")
+  end)
+
   it("entries past a sequence's last page are not read (so not checked)", function()
     local s = setup()
     -- sequence 1 holds 0 + 2 tokens: one page; the other columns are garbage

@@ -376,7 +376,14 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         if (paged) {
             int64_t pages = (sk + pb->page_size - 1) / pb->page_size;
             const int32_t *row = pb->h_block_table + (int64_t)b * pb->bt_stride;
-            for (int64_t j = 0; j < pages; j++)
+            /* one unsigned compare an entry and no exit in the loop, so it
+             * vectorises (a call checks every page of the batch); the entry
+             * is looked for only when one is out of range. A negative id is
+             * >= 2^31 unsigned; a pool beyond 2^31 pages holds any other. */
+            const uint32_t np = pb->num_pages > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)pb->num_pages;
+            uint32_t bad = 0;
+            for (int64_t j = 0; j < pages; j++) bad |= (uint32_t)((uint32_t)row[j] >= np);
+            for (int64_t j = 0; bad && j < pages; j++)
                 if (row[j] < 0 || row[j] >= pb->num_pages)
                     return pa_fail(ctx, PA_ERR_ARGUMENT,
                                    "block_table: entry [%d, %lld] is %d, outside the pool of %lld "
