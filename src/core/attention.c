@@ -114,6 +114,55 @@ static pa_status host_i32(pa_context *ctx, scratch *s, const pa_tensor *t, const
         if (st_ != PA_OK) return st_;  \
     } while (0)
 
+/* Page ids in the pool are [0, num_pages): one unsigned compare, id >= bound,
+ * finds the others (a negative id is >= 2^31 unsigned; a pool beyond 2^31
+ * pages holds every other int32). */
+static uint32_t pool_bound(int64_t num_pages) {
+    return num_pages > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)num_pages;
+}
+
+/* Per row of a mirrored block table, how many leading entries lie in the
+ * pool: kept on the context for the table's contents (its mirror_gen), so
+ * that calls reusing a table (each layer of a step, a benchmark's calls)
+ * check each sequence's page count against it instead of reading its pages
+ * again (65536 ids took ~45 us a call on the H200 machine's host). NULL
+ * where the table has no mirror (host memory can change under us; then the
+ * rows are read each call) or the host is out of memory. */
+static const int64_t *bt_checked_rows(pa_context *ctx, const pa_tensor *bt, const int32_t *ids,
+                                      int64_t num_pages) {
+    if (!ctx || !ids || ids != pa_mirror_get(bt)) return NULL;
+    pa_bt_checked *c = &ctx->bt;
+    const int64_t rows = bt->shape[0], cols = bt->shape[1];
+    if (c->table == bt && c->gen == bt->mirror_gen && c->num_pages == num_pages && c->rows == rows &&
+        c->cols == cols)
+        return c->valid;
+    c->table = NULL;
+    if (rows > c->cap) {
+        int64_t *v = realloc(c->valid, sizeof(int64_t) * (size_t)rows);
+        if (!v) return NULL;
+        c->valid = v;
+        c->cap = rows;
+    }
+    const uint32_t bound = pool_bound(num_pages);
+    for (int64_t r = 0; r < rows; r++) {
+        const int32_t *row = ids + r * cols;
+        int64_t j = 0;
+        for (; j + 64 <= cols; j += 64) { /* whole blocks without an exit (vectorised) */
+            uint32_t bad = 0;
+            for (int k = 0; k < 64; k++) bad |= (uint32_t)((uint32_t)row[j + k] >= bound);
+            if (bad) break;
+        }
+        while (j < cols && (uint32_t)row[j] < bound) j++;
+        c->valid[r] = j;
+    }
+    c->table = bt;
+    c->gen = bt->mirror_gen;
+    c->num_pages = num_pages;
+    c->rows = rows;
+    c->cols = cols;
+    return c->valid;
+}
+
 /* The checks and derivations both forms share, after the form-specific code has
  * filled batch, seqlen arrays and the q/out/lse layouts. */
 static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bool varlen,
@@ -164,6 +213,7 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
 
     /* block table / batch index */
     int64_t capacity; /* keys a sequence can hold */
+    const int64_t *bt_valid = NULL; /* leading entries in the pool, per row (or NULL) */
     if (paged) {
         const pa_tensor *bt = p->block_table;
         TRY(check_common(ctx, "block_table", bt, dev));
@@ -176,6 +226,7 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         pb->block_table = bt->data;
         pb->bt_stride = bt->shape[1];
         TRY(host_i32(ctx, s, bt, &pb->h_block_table));
+        bt_valid = bt_checked_rows(ctx, bt, pb->h_block_table, pb->num_pages);
         capacity = bt->shape[1] * pb->page_size;
     } else {
         if (p->cache_batch_idx) {
@@ -373,16 +424,14 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
                                "rotary_cos: has %lld positions, sequence %d needs position %lld",
                                (long long)pb->seqlen_ro, b, (long long)last);
         }
-        if (paged) {
-            int64_t pages = (sk + pb->page_size - 1) / pb->page_size;
+        int64_t pages = paged ? (sk + pb->page_size - 1) / pb->page_size : 0;
+        if (paged && !(bt_valid && pages <= bt_valid[b])) {
             const int32_t *row = pb->h_block_table + (int64_t)b * pb->bt_stride;
-            /* one unsigned compare an entry and no exit in the loop, so it
-             * vectorises (a call checks every page of the batch); the entry
-             * is looked for only when one is out of range. A negative id is
-             * >= 2^31 unsigned; a pool beyond 2^31 pages holds any other. */
-            const uint32_t np = pb->num_pages > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)pb->num_pages;
+            /* no exit in the loop, so it vectorises; the entry is looked
+             * for only when one is out of the pool */
+            const uint32_t bound = pool_bound(pb->num_pages);
             uint32_t bad = 0;
-            for (int64_t j = 0; j < pages; j++) bad |= (uint32_t)((uint32_t)row[j] >= np);
+            for (int64_t j = 0; j < pages; j++) bad |= (uint32_t)((uint32_t)row[j] >= bound);
             for (int64_t j = 0; bad && j < pages; j++)
                 if (row[j] < 0 || row[j] >= pb->num_pages)
                     return pa_fail(ctx, PA_ERR_ARGUMENT,

@@ -81,6 +81,7 @@ static void views_drop_mirrors(pa_batch *b) {
         t->mirror = NULL;
         t->mirror_owned = false;
         t->mirror_valid = false;
+        pa_mirror_changed(t);
     }
 }
 
@@ -172,6 +173,7 @@ static void set_view(pa_batch *b, pa_batch_field f, size_t off, int64_t d0, int6
     t->mirror = b->host_buf ? b->host_buf + off : NULL;
     t->mirror_owned = false;
     t->mirror_valid = t->mirror != NULL && !t->exposed;
+    pa_mirror_changed(t); /* new contents, in the same tensor as last step's */
 }
 
 /* Returns the sequences of entries [0, n) to their state before the stage. */

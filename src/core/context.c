@@ -33,7 +33,10 @@ pa_status pa_context_create(pa_context **out) {
     return *out ? PA_OK : PA_ERR_OUT_OF_MEMORY;
 }
 
-void pa_context_destroy(pa_context *ctx) { free(ctx); }
+void pa_context_destroy(pa_context *ctx) {
+    if (ctx) free(ctx->bt.valid);
+    free(ctx);
+}
 
 const char *pa_context_error(const pa_context *ctx) { return ctx ? ctx->message : ""; }
 

@@ -18,9 +18,23 @@
 #define PA_MAX_HEAD_DIM 256
 #define PA_ERRMSG_LEN 4096
 
+/* The rows' checked page ids of the last mirrored block table attention
+ * validated on this context (attention.c): the table, its mirror_gen, the
+ * pool size checked against, and per row how many leading entries lie in
+ * the pool. Calls that reuse the table (every layer of a step) then check
+ * each sequence's page count against it instead of reading the table. */
+typedef struct pa_bt_checked {
+    const pa_tensor *table;
+    uint64_t gen;
+    int64_t num_pages, rows, cols;
+    int64_t *valid; /* rows entries (malloc) */
+    int64_t cap;
+} pa_bt_checked;
+
 struct pa_context {
     pa_status status;
     char message[PA_ERRMSG_LEN];
+    pa_bt_checked bt; /* one thread uses a context at a time (pagedattn.h) */
 };
 
 /* Records a failure on ctx (may be NULL) and returns status, so that callers
@@ -83,6 +97,8 @@ struct pa_tensor {
     int32_t *mirror;   /* maybe */
     bool mirror_owned; /* freed with the tensor (batch views borrow the batch's) */
     bool mirror_valid;
+    uint64_t mirror_gen; /* a process-wide stamp, renewed by every mirror change
+                            (pa_mirror_changed): never the same for two contents */
     bool exposed;      /* its address was handed out (pa_tensor_data): writes the
                           library cannot see may happen, so it is never mirrored */
 };
@@ -95,6 +111,9 @@ struct pa_tensor {
 void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,
                       pa_status st);
 void pa_mirror_invalidate(pa_tensor *t);
+/* Called by every path that changes a mirror's contents or validity (the
+ * ones above, and batch staging): renews t->mirror_gen. */
+void pa_mirror_changed(pa_tensor *t);
 /* The valid mirror of t, or NULL (then read the device). */
 const int32_t *pa_mirror_get(const pa_tensor *t);
 

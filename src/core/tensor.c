@@ -94,6 +94,7 @@ void *pa_tensor_data(const pa_tensor *t) {
     pa_tensor *w = (pa_tensor *)t;
     w->exposed = true;
     w->mirror_valid = false;
+    pa_mirror_changed(w);
     return t->data;
 }
 
@@ -113,15 +114,23 @@ static int32_t *mirror_buffer(pa_tensor *t) {
     return t->mirror;
 }
 
+void pa_mirror_changed(pa_tensor *t) {
+    static _Atomic uint64_t stamp;
+    t->mirror_gen = atomic_fetch_add(&stamp, 1) + 1;
+}
+
 void pa_mirror_invalidate(pa_tensor *t) {
-    if (t) t->mirror_valid = false;
+    if (t && t->mirror_valid) {
+        t->mirror_valid = false;
+        pa_mirror_changed(t);
+    }
 }
 
 void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,
                       pa_status st) {
     if (!t || t->dev->host_accessible) return;
     if (st != PA_OK || !mirrorable(t)) {
-        t->mirror_valid = false; /* a failed write may have written part of it */
+        pa_mirror_invalidate(t); /* a failed write may have written part of it */
         return;
     }
     if (count <= 0) return;
@@ -129,11 +138,12 @@ void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t 
     if (!whole && !t->mirror_valid) return; /* the rest is unknown: stays invalid */
     int32_t *m = mirror_buffer(t);
     if (!m) {
-        t->mirror_valid = false;
+        pa_mirror_invalidate(t);
         return;
     }
     memcpy(m + offset, src, (size_t)count * sizeof(int32_t));
     t->mirror_valid = true;
+    pa_mirror_changed(t);
 }
 
 const int32_t *pa_mirror_get(const pa_tensor *t) {
@@ -145,11 +155,12 @@ static void mirror_fill(pa_tensor *t, int32_t value, pa_status st) {
     if (t->dev->host_accessible) return;
     int32_t *m = st == PA_OK && mirrorable(t) ? mirror_buffer(t) : NULL;
     if (!m) {
-        t->mirror_valid = false;
+        pa_mirror_invalidate(t);
         return;
     }
     for (int64_t i = 0; i < t->numel; i++) m[i] = value;
     t->mirror_valid = true;
+    pa_mirror_changed(t);
 }
 
 static pa_status check_range(pa_context *ctx, const pa_tensor *t, int64_t offset, int64_t count,
