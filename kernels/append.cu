@@ -5,9 +5,11 @@
  * rotated into an f32 copy that the attention kernel reads instead of q.
  *
  * One warp per token (or per share of its heads, `split` warps a token,
- * when there are few tokens): its sequence is found once (a 32-way search of
- * the sequences' prefixes, one round of loads per 32x narrowing) and so is
- * its page; then the k and v rows of its kv heads (or the q rows of its
+ * when there are few tokens): its sequence is found once (its row divided
+ * by the tokens a sequence where every sequence has as many, as
+ * attention_with_kvcache's always do; else a 32-way search of the
+ * sequences' prefixes, one round of loads per 32x narrowing) and so is its
+ * page; then the k and v rows of its kv heads (or the q rows of its
  * heads), which lie next to each other in k_new / v_new / q and in the
  * cache slot, move with every load of a batch of heads in flight before any
  * store. (One warp per row, before: each row paid the binary search and the
@@ -255,7 +257,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_a
     if (item < p.total_new) {
         /* new token n: its k/v rows (all kv heads) -> its page slot */
         const i64 n = item;
-        const int b = pa_warp_upper_index(p.batch, n, lane, [&](int i) { return meta[i].new_prefix; });
+        const int b = p.new_per_seq > 0 ? (int)(n / p.new_per_seq)
+                                          : pa_warp_upper_index(p.batch, n, lane, [&](int i) { return meta[i].new_prefix; });
         const pa_seq_meta m = meta[b];
         const i64 i = n - m.new_prefix;
         const i64 pos = (i64)m.append_pos + i;
@@ -292,7 +295,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_a
     /* query token r: its q rows (all heads) -> rotated f32 copies */
     const i64 r = item - p.total_new;
     if (r >= p.q_rows) return;
-    const int b = pa_warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });
+    const int b = p.q_per_seq > 0 ? (int)(r / p.q_per_seq)
+                                  : pa_warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });
     const pa_seq_meta m = meta[b];
     const i64 pos = (i64)m.append_pos + (p.rope_q_step ? r - m.q_start : 0);
     int h0, nh;

@@ -135,6 +135,9 @@ typedef struct pa_append_params {
     pa_i32 batch, heads, kv_heads, head_dim, page_size;
     pa_i32 rotary_dim, rot_dtype, interleaved, rope_q_step;
     pa_i32 split; /* warps per token: each takes a share of the token's heads */
+    /* > 0: every sequence has this many new tokens (queries), in order from
+     * row 0, so a token's sequence is its row / this (no search); 0: search */
+    pa_i32 new_per_seq, q_per_seq;
 } pa_append_params;
 
 #endif /* PA_EMBED_ONLY */

@@ -29,7 +29,7 @@
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
 _Static_assert(sizeof(pa_attn_params) == 208, "pa_attn_params layout");
-_Static_assert(sizeof(pa_append_params) == 160, "pa_append_params layout");
+_Static_assert(sizeof(pa_append_params) == 168, "pa_append_params layout");
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 #define MAX_SPLITS 1024
@@ -865,6 +865,14 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         int split = 1;
         while (split < cap && tokens * split < (int64_t)impl->sm_count * 32) split *= 2;
         ap.split = split < cap ? split : cap;
+        /* as many new tokens (queries) in every sequence, in order: the
+         * kernel finds a token's sequence by a division, not a search */
+        ap.new_per_seq = B > 0 ? p->h_num_new[0] : 0;
+        ap.q_per_seq = B > 0 && rotate_q ? p->h_seqlen_q[0] : 0;
+        for (int32_t b = 0; b < B; b++) {
+            if (p->h_num_new[b] != ap.new_per_seq) ap.new_per_seq = 0;
+            if (p->h_seqlen_q[b] != ap.q_per_seq || p->h_q_start[b] != (int64_t)b * ap.q_per_seq) ap.q_per_seq = 0;
+        }
         const int64_t grid = (tokens * ap.split + 7) / 8; /* 8 warps a block */
         void *args[] = {&ap};
         if (grid > INT32_MAX)
