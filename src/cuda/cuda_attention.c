@@ -645,18 +645,30 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
+    int64_t tile_keys = 0; /* keys of the query tiles (each its sequence's) */
     for (int32_t b = 0; b < p->batch; b++)
-        if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind)
-            pt->ntiles += (p->h_seqlen_q[b] + qt - 1) / qt;
+        if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind) {
+            const int64_t n = (p->h_seqlen_q[b] + qt - 1) / qt;
+            pt->ntiles += n;
+            tile_keys += n * p->h_seqlen_k[b];
+        }
     /* Fewer query tiles than the GPU holds blocks: prefill_ws, which never
      * splits, gives way to the kernel that splits them over a wave; the
      * persistent decode blocks to one block per unit, since the split fills
      * one wave and each block would run one unit (measured ~1 % faster
-     * there, kernels/NOTES.md; guided pieces keep them: many units). The
-     * query tile is the same: ntiles stands. */
+     * there, kernels/NOTES.md; guided pieces keep them: many units). So do
+     * units shorter than PAGEDATTN_DECODE_PERSIST_MIN_KEYS on average
+     * (default 256, four stages): a persistent block fetches its next unit
+     * (counter, work item, page ids) a few stages before it needs it, which
+     * such units cannot cover, so each waits for that chain; resident blocks
+     * of their own overlap it (page 16, 268 MB: 1024 x 64 keys 229.8 -> 172.9
+     * us, 512 x 128 126.0 -> 104.0; 256 x 256 82.2 against 83.7; session 18).
+     * The query tile is the same: ntiles stands. */
     const int64_t tiles = pt->ntiles * pt->kp.head_tiles;
+    const bool short_units =
+        tile_keys < pt->ntiles * (int64_t)env_int("PAGEDATTN_DECODE_PERSIST_MIN_KEYS", 256, 0, INT32_MAX);
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
-        (pt->kp.persistent && !pt->kp.guided && tiles <= pt->kp.grid_cap)) {
+        (pt->kp.persistent && !pt->kp.guided && (tiles <= pt->kp.grid_cap || short_units))) {
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
