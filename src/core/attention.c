@@ -121,6 +121,20 @@ static uint32_t pool_bound(int64_t num_pages) {
     return num_pages > ((int64_t)1 << 31) ? (uint32_t)1 << 31 : (uint32_t)num_pages;
 }
 
+/* How many of the n ids at `ids` lie in the pool before the first that does
+ * not (n if all do): blocks of 64 compared without an exit, which
+ * vectorises, then the block with the first one out, id by id. */
+static int64_t ids_in_pool(const int32_t *ids, int64_t n, uint32_t bound) {
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        uint32_t out = 0;
+        for (int k = 0; k < 64; k++) out |= (uint32_t)((uint32_t)ids[j + k] >= bound);
+        if (out) break;
+    }
+    while (j < n && (uint32_t)ids[j] < bound) j++;
+    return j;
+}
+
 /* Per row of a mirrored block table, how many leading entries lie in the
  * pool: kept on the context for the table's contents (its mirror_gen), so
  * that calls reusing a table (each layer of a step, a benchmark's calls)
@@ -144,17 +158,7 @@ static const int64_t *bt_checked_rows(pa_context *ctx, const pa_tensor *bt, cons
         c->cap = rows;
     }
     const uint32_t bound = pool_bound(num_pages);
-    for (int64_t r = 0; r < rows; r++) {
-        const int32_t *row = ids + r * cols;
-        int64_t j = 0;
-        for (; j + 64 <= cols; j += 64) { /* whole blocks without an exit (vectorised) */
-            uint32_t bad = 0;
-            for (int k = 0; k < 64; k++) bad |= (uint32_t)((uint32_t)row[j + k] >= bound);
-            if (bad) break;
-        }
-        while (j < cols && (uint32_t)row[j] < bound) j++;
-        c->valid[r] = j;
-    }
+    for (int64_t r = 0; r < rows; r++) c->valid[r] = ids_in_pool(ids + r * cols, cols, bound);
     c->table = bt;
     c->gen = bt->mirror_gen;
     c->num_pages = num_pages;
@@ -424,20 +428,14 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
                                "rotary_cos: has %lld positions, sequence %d needs position %lld",
                                (long long)pb->seqlen_ro, b, (long long)last);
         }
-        int64_t pages = paged ? (sk + pb->page_size - 1) / pb->page_size : 0;
-        if (paged && !(bt_valid && pages <= bt_valid[b])) {
+        if (paged) {
+            const int64_t pages = (sk + pb->page_size - 1) / pb->page_size;
             const int32_t *row = pb->h_block_table + (int64_t)b * pb->bt_stride;
-            /* no exit in the loop, so it vectorises; the entry is looked
-             * for only when one is out of the pool */
-            const uint32_t bound = pool_bound(pb->num_pages);
-            uint32_t bad = 0;
-            for (int64_t j = 0; j < pages; j++) bad |= (uint32_t)((uint32_t)row[j] >= bound);
-            for (int64_t j = 0; bad && j < pages; j++)
-                if (row[j] < 0 || row[j] >= pb->num_pages)
-                    return pa_fail(ctx, PA_ERR_ARGUMENT,
-                                   "block_table: entry [%d, %lld] is %d, outside the pool of %lld "
-                                   "pages",
-                                   b, (long long)j, row[j], (long long)pb->num_pages);
+            const int64_t j = bt_valid ? bt_valid[b] : ids_in_pool(row, pages, pool_bound(pb->num_pages));
+            if (j < pages)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "block_table: entry [%d, %lld] is %d, outside the pool of %lld pages", b,
+                               (long long)j, row[j], (long long)pb->num_pages);
         }
         seqlen_k[b] = (int32_t)sk;
         num_new[b] = (int32_t)nn;
