@@ -81,7 +81,6 @@ static void views_drop_mirrors(pa_batch *b) {
         t->mirror = NULL;
         t->mirror_owned = false;
         t->mirror_valid = false;
-        pa_mirror_changed(t);
     }
 }
 

@@ -97,8 +97,9 @@ struct pa_tensor {
     int32_t *mirror;   /* maybe */
     bool mirror_owned; /* freed with the tensor (batch views borrow the batch's) */
     bool mirror_valid;
-    uint64_t mirror_gen; /* a process-wide stamp, renewed by every mirror change
-                            (pa_mirror_changed): never the same for two contents */
+    uint64_t mirror_gen; /* a process-wide stamp, renewed whenever the mirror
+                            becomes valid or changes while valid (pa_mirror_changed):
+                            never the same for two contents of a valid mirror */
     bool exposed;      /* its address was handed out (pa_tensor_data): writes the
                           library cannot see may happen, so it is never mirrored */
 };
@@ -111,8 +112,10 @@ struct pa_tensor {
 void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,
                       pa_status st);
 void pa_mirror_invalidate(pa_tensor *t);
-/* Called by every path that changes a mirror's contents or validity (the
- * ones above, and batch staging): renews t->mirror_gen. */
+/* Called by every path that makes a mirror valid or changes a valid one
+ * (pa_mirror_record, fills, batch staging): renews t->mirror_gen. Whatever
+ * is kept for a mirror's contents (attention.c's block-table check) is used
+ * only while it is valid, so invalidating needs no new stamp. */
 void pa_mirror_changed(pa_tensor *t);
 /* The valid mirror of t, or NULL (then read the device). */
 const int32_t *pa_mirror_get(const pa_tensor *t);

@@ -94,7 +94,6 @@ void *pa_tensor_data(const pa_tensor *t) {
     pa_tensor *w = (pa_tensor *)t;
     w->exposed = true;
     w->mirror_valid = false;
-    pa_mirror_changed(w);
     return t->data;
 }
 
@@ -120,17 +119,14 @@ void pa_mirror_changed(pa_tensor *t) {
 }
 
 void pa_mirror_invalidate(pa_tensor *t) {
-    if (t && t->mirror_valid) {
-        t->mirror_valid = false;
-        pa_mirror_changed(t);
-    }
+    if (t) t->mirror_valid = false;
 }
 
 void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,
                       pa_status st) {
     if (!t || t->dev->host_accessible) return;
     if (st != PA_OK || !mirrorable(t)) {
-        pa_mirror_invalidate(t); /* a failed write may have written part of it */
+        t->mirror_valid = false; /* a failed write may have written part of it */
         return;
     }
     if (count <= 0) return;
@@ -138,7 +134,7 @@ void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t 
     if (!whole && !t->mirror_valid) return; /* the rest is unknown: stays invalid */
     int32_t *m = mirror_buffer(t);
     if (!m) {
-        pa_mirror_invalidate(t);
+        t->mirror_valid = false;
         return;
     }
     memcpy(m + offset, src, (size_t)count * sizeof(int32_t));
@@ -155,7 +151,7 @@ static void mirror_fill(pa_tensor *t, int32_t value, pa_status st) {
     if (t->dev->host_accessible) return;
     int32_t *m = st == PA_OK && mirrorable(t) ? mirror_buffer(t) : NULL;
     if (!m) {
-        pa_mirror_invalidate(t);
+        t->mirror_valid = false;
         return;
     }
     for (int64_t i = 0; i < t->numel; i++) m[i] = value;

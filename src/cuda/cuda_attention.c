@@ -809,6 +809,9 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     }
     pa_seq_meta *meta = host;
     int64_t new_prefix = 0;
+    /* as many new tokens (queries) in every sequence, in order: the append
+     * kernel finds a token's sequence by a division, not a search (0: not so) */
+    int32_t new_per_seq = B > 0 ? p->h_num_new[0] : 0, q_per_seq = B > 0 ? p->h_seqlen_q[0] : 0;
     for (int32_t b = 0; b < B; b++) {
         pa_seq_meta *mb = &meta[b];
         memset(mb, 0, sizeof *mb);
@@ -818,6 +821,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         new_prefix += p->h_num_new[b];
         mb->append_pos = p->h_append_pos[b];
         mb->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
+        if (p->h_num_new[b] != new_per_seq) new_per_seq = 0;
+        if (p->h_seqlen_q[b] != q_per_seq || p->h_q_start[b] != (int64_t)b * q_per_seq) q_per_seq = 0;
     }
     for (int i = 0; i < nparts; i++) {
         pa_work *items = (pa_work *)((char *)host + work_off) + parts[i].work0;
@@ -877,14 +882,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         int split = 1;
         while (split < cap && tokens * split < (int64_t)impl->sm_count * 32) split *= 2;
         ap.split = split < cap ? split : cap;
-        /* as many new tokens (queries) in every sequence, in order: the
-         * kernel finds a token's sequence by a division, not a search */
-        ap.new_per_seq = B > 0 ? p->h_num_new[0] : 0;
-        ap.q_per_seq = B > 0 && rotate_q ? p->h_seqlen_q[0] : 0;
-        for (int32_t b = 0; b < B; b++) {
-            if (p->h_num_new[b] != ap.new_per_seq) ap.new_per_seq = 0;
-            if (p->h_seqlen_q[b] != ap.q_per_seq || p->h_q_start[b] != (int64_t)b * ap.q_per_seq) ap.q_per_seq = 0;
-        }
+        ap.new_per_seq = new_per_seq;
+        ap.q_per_seq = rotate_q ? q_per_seq : 0;
         const int64_t grid = (tokens * ap.split + 7) / 8; /* 8 warps a block */
         void *args[] = {&ap};
         if (grid > INT32_MAX)
