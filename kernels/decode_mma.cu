@@ -36,15 +36,18 @@
  *
  * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 32, <= 128), PA_NQ,
  * PA_GT (NQ * GT <= 16), PA_PAGE (-1 contiguous, 0 any, else a power of two),
- * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1).
+ * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1), PA_MINB (blocks a SM
+ * the registers must allow: 1, or more for short units, kernels/NOTES.md
+ * session 19).
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
 #include "mma.cuh"
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
-    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW) || !defined(PA_PERSIST)
-#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST"
+    !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW) || !defined(PA_PERSIST) || \
+    !defined(PA_MINB)
+#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST, PA_MINB"
 #endif
 
 #define NTHREADS 128
@@ -119,7 +122,7 @@ PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(b));
 }
-extern "C" __global__ void __launch_bounds__(NTHREADS) pa_decode_mma(const pa_attn_params p) {
+extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(const pa_attn_params p) {
     extern __shared__ __align__(128) u8 smem[];
     __shared__ int s_flag, s_next;
     __shared__ __align__(16) pa_work s_w[NSLOT];

@@ -97,9 +97,11 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
 /* The kernel of one kind for a problem whose sequences of that kind have at
  * most max_q queries, with its launch shape. allow_ws: the warp-specialised
  * prefill or the persistent decode blocks may be chosen (the caller asks for
- * them only when the query tiles fill the GPU). */
+ * them only when the query tiles fill the GPU). short_units (decode, one
+ * block per unit): the units are short, so the blocks a SM count more than
+ * the stages a block (plan_part). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
-                             int32_t max_q, bool allow_ws, kernel_plan *kp) {
+                             int32_t max_q, bool allow_ws, bool short_units, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     char variant[192], page[16];
     pa_kmodule *m;
@@ -118,8 +120,21 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         /* tensor cores: 16 keys per warp and stage at head dims 64 and 128
          * (3 stages of 32 KB: two blocks per SM), else 8 (4 stages: measured
          * best on the H200, kernels/NOTES.md); PAGEDATTN_DECODE_KPW=8|16 */
-        const int kpw = D % 64 == 0 ? (env_int("PAGEDATTN_DECODE_KPW", 16, 8, 16) >= 16 ? 16 : 8) : 8;
-        const int stages = env_int("PAGEDATTN_DECODE_STAGES", kpw == 16 ? 3 : 4, 2, 8);
+        int kpw = D % 64 == 0 ? (env_int("PAGEDATTN_DECODE_KPW", 16, 8, 16) >= 16 ? 16 : 8) : 8;
+        int stages = env_int("PAGEDATTN_DECODE_STAGES", kpw == 16 ? 3 : 4, 2, 8);
+        int minb = 1;
+        if (mma && short_units) {
+            /* short units: each block runs one unit's whole chain (work
+             * item, page ids, rows, output), so more resident blocks overlap
+             * more chains: 8 keys a warp and 3 stages of 17 KB, three blocks
+             * a SM where 16 keys a warp fit two (page 16, 268 MB: 1024 x 64
+             * keys 171 -> 129 us, 512 x 128 105 -> 100; kernels/NOTES.md,
+             * session 19). PAGEDATTN_DECODE_SHORT_KPW, _STAGES, _MINB (the
+             * blocks a SM the registers must allow) */
+            kpw = D % 64 == 0 && env_int("PAGEDATTN_DECODE_SHORT_KPW", 8, 8, 16) >= 16 ? 16 : 8;
+            stages = env_int("PAGEDATTN_DECODE_SHORT_STAGES", 3, 2, 8);
+            minb = env_int("PAGEDATTN_DECODE_SHORT_MINB", 3, 1, 4);
+        }
         /* persistent blocks at 16 keys per warp (PAGEDATTN_DECODE_PERSIST=0:
          * one block per unit): two slots of page ids, 768 each, to keep two
          * blocks per SM. PAGEDATTN_DECODE_GUIDED=1: the guided pieces
@@ -145,8 +160,9 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->claim_required = claim_env == 2;
         if (mma)
             snprintf(variant, sizeof variant,
-                     "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d",
-                     dtype_str(p->dtype), D, nq, gt, page, stages, persist ? 768 : 1024, kpw, persist ? 1 : 0);
+                     "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d minb=%d",
+                     dtype_str(p->dtype), D, nq, gt, page, stages, persist ? 768 : 1024, kpw, persist ? 1 : 0,
+                     minb);
         else
             snprintf(variant, sizeof variant, "decode dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
                      dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
@@ -642,7 +658,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     for (int32_t b = 0; b < p->batch; b++)
         if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind && p->h_seqlen_q[b] > max_q)
             max_q = p->h_seqlen_q[b];
-    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, &pt->kp);
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
     int64_t tile_keys = 0; /* keys of the query tiles (each its sequence's) */
@@ -669,7 +685,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
         tile_keys < pt->ntiles * (int64_t)env_int("PAGEDATTN_DECODE_PERSIST_MIN_KEYS", 256, 0, INT32_MAX);
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
         (pt->kp.persistent && !pt->kp.guided && (tiles <= pt->kp.grid_cap || short_units))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, &pt->kp);
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_units && pt->kp.persistent, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }

@@ -23,14 +23,14 @@
 
 typedef struct kkind {
     const char *kind, *file, *info;
-    const char *keys[10];
+    const char *keys[12];
 } kkind;
 
 static const kkind kinds[] = {
     {"util", "util.cu", NULL, {NULL}},
     {"append", "append.cu", NULL, {"dtype", NULL}},
     {"decode", "decode.cu", "pa_decode_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", NULL}},
-    {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", NULL}},
+    {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", NULL}},
     {"fallback", "fallback.cu", "pa_fallback_info", {"dtype", NULL}},
     {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
     {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
@@ -105,7 +105,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
     if (!out->kind)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, prefill_wgmma, prefill_ws)", name);
-    const char *vals[10] = {0};
+    const char *vals[12] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {
         char *eq = strchr(tok, '=');
         int k = -1;
@@ -187,18 +187,19 @@ static const char *const catalog[] = {
     "decode dtype=bf16 D=40 nq=4 gt=2 page=1 stages=3 maxp=1024",
     "decode dtype=bf16 D=8 nq=1 gt=1 page=8 stages=2 maxp=1024",
     "decode dtype=f32 D=64 nq=1 gt=1 page=any stages=4 maxp=1024",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0",
-    "decode_mma dtype=f16 D=64 nq=4 gt=2 page=any stages=2 maxp=1024 kpw=16 persist=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1",
-    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1",
-    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=256 stages=3 maxp=1024 kpw=8 persist=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=contig stages=3 maxp=1024 kpw=8 persist=0",
-    "decode_mma dtype=f16 D=128 nq=1 gt=4 page=16 stages=4 maxp=1024 kpw=8 persist=0",
-    "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024 kpw=8 persist=0",
-    "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024 kpw=8 persist=0",
-    "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024 kpw=8 persist=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=1",
+    "decode_mma dtype=f16 D=64 nq=4 gt=2 page=any stages=2 maxp=1024 kpw=16 persist=0 minb=1",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1",
+    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1 minb=1",
+    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=1",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=256 stages=3 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=contig stages=3 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=f16 D=128 nq=1 gt=4 page=16 stages=4 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024 kpw=8 persist=0 minb=1",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3",
     "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=256 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=contig stages=2 natural=0 minb=2",
