@@ -30,7 +30,8 @@
 --   PAGEDATTN_BENCH_APPEND_CONFIGS: the same for the rotary append rows;
 --   PAGEDATTN_BENCH_DECODE_WORKLOADS="8x16384,8x65536": more page-16 decode
 --   workloads (B x keys), in the main table and in every config's run (fits of
---   time against bytes: a fixed cost per call and a streaming rate).
+--   time against bytes: a fixed cost per call and a streaming rate); a
+--   workload "64x4096+512x64" is one batch of both (mixed lengths, shuffled).
 --   scripts/run scripts/bench.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
@@ -180,9 +181,14 @@ end
 local workloads = { { 64, 4096 }, { 8, 32768 }, { 256, 1024 } }
 -- the page-16 workloads of the sweeps: these and PAGEDATTN_BENCH_DECODE_WORKLOADS
 local extra_workloads, page16_workloads = {}, { unpack(workloads) }
-for b, l in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("(%d+)x(%d+)") do
-  extra_workloads[#extra_workloads + 1] = { tonumber(b), tonumber(l) }
-  page16_workloads[#page16_workloads + 1] = extra_workloads[#extra_workloads]
+for w in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("[%dx+]+") do
+  local parts = {}
+  for b, l in w:gmatch("(%d+)x(%d+)") do parts[#parts + 1] = { tonumber(b), tonumber(l) } end
+  local wl = #parts == 1 and parts[1] or #parts > 1 and { parts = parts, name = w } or nil
+  if wl then
+    extra_workloads[#extra_workloads + 1] = wl
+    page16_workloads[#page16_workloads + 1] = wl
+  end
 end
 
 -- One decode call of B sequences x L keys at `page` (its tensors live as
@@ -195,11 +201,37 @@ local function decode_call(B, L, page)
   return function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
 end
 
-local function decode(B, L, page, label)
-  local call = decode_call(B, L, page)
+-- One decode call of a mixed batch (parts: { {B, L}, ... }, the sequences
+-- in a fixed shuffled order), and its bytes: a page-16 (or page-`page`)
+-- cache of B x max L pages, each sequence reading its own keys.
+local function mixed_call(parts, page)
+  local lens = {}
+  for _, pt in ipairs(parts) do
+    for _ = 1, pt[1] do lens[#lens + 1] = pt[2] end
+  end
+  require("pagedattn.reference").rng(11):shuffle(lens)
+  local B, L, keys = #lens, 0, 0
+  for _, l in ipairs(lens) do L, keys = math.max(L, l), keys + l end
+  local kc, vc, bt = make_cache(B, L, page)
+  local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
+  local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
+  local seqlens = assert(pa.from_table(lens, { B }, "i32", dev))
+  local opts = { block_table = bt, cache_seqlens = seqlens, out = out }
+  return function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, 2 * keys * HK * D * ESZ
+end
+
+-- wl: { B, L } or { parts = ..., name = "64x4096+512x64" }
+local function decode(wl, page, label)
+  local call, bytes, name
+  if wl.parts then
+    call, bytes = mixed_call(wl.parts, page)
+    name = wl.name
+  else
+    call, bytes = decode_call(wl[1], wl[2], page), 2 * wl[1] * wl[2] * HK * D * ESZ
+    name = string.format("%dx%d", wl[1], wl[2])
+  end
   local k, w = time_calls(call, iters)
-  local bytes = 2 * B * L * HK * D * ESZ
-  decode_row(string.format("decode %dx%d%s", B, L, label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
+  decode_row("decode " .. name .. (label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
   call = nil
   collectgarbage()
   collectgarbage()
@@ -243,9 +275,9 @@ if run_decode then
   print(string.format("(decode: %.1f s of untimed calls of the first workload before the table)", settle_s))
   print(decode_header)
   for _, wl in ipairs(workloads) do
-    for _, page in ipairs({ 16, 256, 0 }) do decode(wl[1], wl[2], page) end
+    for _, page in ipairs({ 16, 256, 0 }) do decode(wl, page) end
   end
-  for _, wl in ipairs(extra_workloads) do decode(wl[1], wl[2], 16) end
+  for _, wl in ipairs(extra_workloads) do decode(wl, 16) end
   append(64, 512, 16)
   append(256, 1, 16)
   with_configs("PAGEDATTN_BENCH_APPEND_CONFIGS", function(config)
@@ -255,7 +287,7 @@ if run_decode then
   -- tuning sweeps
   with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
     for _, wl in ipairs(page16_workloads) do
-      for _, page in ipairs(config_layouts) do decode(wl[1], wl[2], page, " [" .. config .. "]") end
+      for _, page in ipairs(config_layouts) do decode(wl, page, " [" .. config .. "]") end
     end
   end)
 end

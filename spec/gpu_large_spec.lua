@@ -155,6 +155,44 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
       small and S or 4096 * 2)
   end)
 
+  -- Short and long sequences in one decode call: two launches, the long
+  -- sequences on persistent blocks (or split over a wave), the short ones a
+  -- block per unit (PAGEDATTN_DECODE_SPLIT_SHORT=2: a call that is not split
+  -- fails). Lengths 1-255 and 256-4000 (or 8000: few long, the whole call's
+  -- plan first the short units' kernel), random page order with duplicates.
+  local function mixed_decode(name, nshort, nlong, long_max, dtype)
+    local seed = H.seed(name)
+    local rng = ref.rng(seed)
+    if small then nshort, nlong, long_max = 6, 2, 600 end
+    local B = nshort + nlong
+    local s = { seed = seed, B = B, Sq = 1, H = 32, Hk = 8, D = 128, dtype = dtype, page = 16, keys = {}, cached = {},
+      dup = true }
+    for b = 1, B do
+      s.keys[b] = b <= nlong and rng:int(256, long_max) or rng:int(1, 255)
+      s.cached[b] = s.keys[b]
+    end
+    local order = {}
+    for b = 1, B do order[b] = b end
+    rng:shuffle(order)
+    local keys = {}
+    for b = 1, B do keys[b] = s.keys[order[b]] end
+    s.keys, s.cached = keys, { unpack(keys) }
+    paged_spec(rng, s)
+    local long_b = 0
+    for b = 1, B do
+      if s.keys[b] > s.keys[long_b + 1] then long_b = b - 1 end
+    end
+    H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = small and false or "2" }, function()
+      compare(name, s, { b = long_b, nq = 1, nk = s.keys[long_b + 1] })
+    end)
+  end
+  it("#gpu decode of short and long sequences: 576 x 1-255 keys and 48 x 256-4000, bf16, page 16", function()
+    mixed_decode("decode mixed lengths", 576, 48, 4000, "bf16")
+  end)
+  it("#gpu decode of short and long sequences: 640 x 1-255 keys and 6 x 256-8000, f16, page 16", function()
+    mixed_decode("decode mixed lengths, few long", 640, 6, 8000, "f16")
+  end)
+
   it("#gpu varlen, batch 48 (> 32), 1 to 8 queries, page 16 with duplicates, causal + ALiBi, split-KV", function()
     local seed = H.seed("gpu large varlen")
     local rng = ref.rng(seed)

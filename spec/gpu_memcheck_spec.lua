@@ -76,15 +76,16 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
 
   -- A decode problem on the big pool: B sequences over at most `width`
   -- pages each, drawn with duplicates from npages distinct ones, the first
-  -- sequence at least first_keys long (the rest are garbage ids); its
-  -- call's arguments on the device (g) and on the CPU's compact copy (c).
-  local function big_decode(seed, B, width, npages, first_keys)
+  -- sequence at least first_keys long (the rest are garbage ids), or
+  -- lengths from keys_of(rng, b) when given; its call's arguments on the
+  -- device (g) and on the CPU's compact copy (c).
+  local function big_decode(seed, B, width, npages, first_keys, keys_of)
     local rng = ref.rng(seed)
     local pages = pick_pages(rng, npages)
     local big_k, big_v, cpu_k, cpu_v, index = pools(rng, pages)
     local keys, bt = {}, {}
     for b = 1, B do
-      keys[b] = rng:int(b == 1 and first_keys or 0, width * PS)
+      keys[b] = keys_of and keys_of(rng, b) or rng:int(b == 1 and first_keys or 0, width * PS)
       local used = math.ceil(keys[b] / PS)
       for j = 1, width do
         bt[(b - 1) * width + j] = j <= used and pages[rng:int(1, #pages)] or (j % 2 == 0 and -1 or 2000000000)
@@ -125,6 +126,16 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
       -- (the second call finds the claim counters reset)
       for rep = 1, 2 do compare_decode(pr, "claims, call " .. rep) end
     end)
+  end)
+
+  -- short (< 256 keys) and long sequences in one call: two launches, the
+  -- long ones on persistent blocks, the short ones a block per unit
+  -- (PAGEDATTN_DECODE_SPLIT_SHORT=2: a call that is not split fails)
+  it("#gpu decode, batch 100 of short and long sequences in two launches, pages above 2^31 elements", function()
+    local pr = big_decode(H.seed("gpu memcheck split"), 100, 64, 64, 0, function(rng, b)
+      return b <= 40 and rng:int(256, 64 * PS) or rng:int(0, 255)
+    end)
+    H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2" }, function() compare_decode(pr, "short and long") end)
   end)
 
   it("#gpu rotary append of 3 tokens into pages above 2^31 elements, batch 36, then attention", function()

@@ -58,6 +58,7 @@ typedef struct kernel_plan {
     bool ws;            /* prefill_ws: it never splits, so fewer tiles than slots go to prefill_wgmma */
     bool forced;        /* PAGEDATTN_PREFILL_KERNEL chose the prefill kernel */
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
+    bool short_kernel;  /* decode_mma for short units, one block per unit (plan_kernel's short_units) */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
@@ -123,6 +124,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         int kpw = D % 64 == 0 ? (env_int("PAGEDATTN_DECODE_KPW", 16, 8, 16) >= 16 ? 16 : 8) : 8;
         int stages = env_int("PAGEDATTN_DECODE_STAGES", kpw == 16 ? 3 : 4, 2, 8);
         int minb = 1;
+        kp->short_kernel = mma && short_units;
         if (mma && short_units) {
             /* short units: each block runs one unit's whole chain (work
              * item, page ids, rows, output), so more resident blocks overlap
@@ -563,7 +565,14 @@ typedef struct attn_part {
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
     bool claim;             /* its splits claim their keys (plan_work) */
+    int32_t key_lo, key_hi; /* decode split by length: sequences of key_lo <= keys < key_hi (key_hi 0: any) */
 } attn_part;
+
+/* Whether sequence b is part pt's. */
+static bool in_part(const pa_attn_problem *p, kind_rules rules, const attn_part *pt, int32_t b) {
+    const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
+    return sq > 0 && kind_of(rules, sq) == pt->kind && sk >= pt->key_lo && (pt->key_hi == 0 || sk < pt->key_hi);
+}
 
 /* prefill_ws with TMA boxes of a paged cache: each work item's first K/V
  * tile's box rows (page * page_size + slot, one per box: PA_WS_BOXES at
@@ -656,14 +665,13 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
                            attn_part *pt) {
     int32_t max_q = 0;
     for (int32_t b = 0; b < p->batch; b++)
-        if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind && p->h_seqlen_q[b] > max_q)
-            max_q = p->h_seqlen_q[b];
+        if (in_part(p, rules, pt, b) && p->h_seqlen_q[b] > max_q) max_q = p->h_seqlen_q[b];
     pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
     int64_t tile_keys = 0; /* keys of the query tiles (each its sequence's) */
     for (int32_t b = 0; b < p->batch; b++)
-        if (p->h_seqlen_q[b] > 0 && kind_of(rules, p->h_seqlen_q[b]) == pt->kind) {
+        if (in_part(p, rules, pt, b)) {
             const int64_t n = (p->h_seqlen_q[b] + qt - 1) / qt;
             pt->ntiles += n;
             tile_keys += n * p->h_seqlen_k[b];
@@ -694,7 +702,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     int64_t t = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         const int32_t sq = p->h_seqlen_q[b], sk = p->h_seqlen_k[b];
-        if (sq == 0 || kind_of(rules, sq) != pt->kind) continue;
+        if (!in_part(p, rules, pt, b)) continue;
         for (int32_t i0 = 0; i0 < sq; i0 += qt) {
             const int32_t last = (i0 + qt < sq ? i0 + qt : sq) - 1;
             int32_t lo0, hi0, lo1, hi1;
@@ -750,6 +758,36 @@ static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *i
     if (pt->kp.longest_first) qsort(items, (size_t)pt->nwork, sizeof *items, by_length_desc);
 }
 
+/* Decode of short and long sequences in one call: the persistent blocks
+ * wait on each short unit's chain (counter, work item, page ids: a unit
+ * shorter than PREP_STAGES cannot load the next one while it streams), and
+ * the short units' kernel runs a long unit whole in one block. Where the
+ * plan of the whole part is either kernel and at least a wave of units
+ * (capacity) belongs to sequences of fewer than
+ * PAGEDATTN_DECODE_PERSIST_MIN_KEYS keys while others are longer, the long
+ * sequences and the short ones are planned as two parts, two launches (page
+ * 16, same process: 64 x 4096 + 512 x 64 keys 369.1-370.5 -> 315.0-315.4
+ * us, 256 x 1024 + 1024 x 64 547.7 -> 377.3-379.1, 32 x 4096 + 1024 x 128
+ * 331 -> 312-313; kernels/NOTES.md, session 19).
+ * PAGEDATTN_DECODE_SPLIT_SHORT=0: one part; 2 (specs): a decode call that
+ * is not split fails, so that a spec knows it tested the split. *cut: the
+ * length that parts them. */
+static bool split_short(const pa_attn_problem *p, kind_rules rules, const attn_part *pt, int32_t *cut) {
+    if (pt->kind != K_DECODE || !(pt->kp.persistent || pt->kp.short_kernel) ||
+        env_int("PAGEDATTN_DECODE_SPLIT_SHORT", 1, 0, 1) == 0)
+        return false;
+    *cut = env_int("PAGEDATTN_DECODE_PERSIST_MIN_KEYS", 256, 0, INT32_MAX);
+    const int qt = pt->kp.q_tile;
+    int64_t short_tiles = 0, long_tiles = 0;
+    for (int32_t b = 0; b < p->batch; b++)
+        if (in_part(p, rules, pt, b)) {
+            const int64_t n = (p->h_seqlen_q[b] + qt - 1) / qt;
+            if (p->h_seqlen_k[b] < *cut) short_tiles += n;
+            else long_tiles += n;
+        }
+    return long_tiles > 0 && short_tiles * pt->kp.head_tiles >= pt->kp.capacity;
+}
+
 static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, CUfunction append_fn) {
     const int32_t B = p->batch, H = p->heads, Hk = p->kv_heads, D = p->head_dim;
     const bool attend = p->total_q > 0;
@@ -757,8 +795,9 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     const bool append = p->total_new > 0 || rotate_q;
     pa_status st = PA_OK;
 
-    /* the parts: one per kernel kind that some sequence needs */
-    attn_part parts[3];
+    /* the parts: one per kernel kind that some sequence needs (decode: two
+     * where short and long sequences are mixed, split_short) */
+    attn_part parts[4];
     int nparts = 0;
     memset(parts, 0, sizeof parts);
     int64_t nwork = 0, part_rows = 0, ncounters = 0, nboxed = 0, npaged = 0;
@@ -767,11 +806,32 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         bool used[3] = {false, false, false};
         for (int32_t b = 0; b < B; b++)
             if (p->h_seqlen_q[b] > 0) used[kind_of(rules, p->h_seqlen_q[b])] = true;
-        for (int k = 0; k < 3; k++) {
-            if (!used[k]) continue;
-            attn_part *pt = &parts[nparts++];
-            pt->kind = (kernel_kind)k;
-            st = plan_part(ctx, impl, p, rules, pt);
+        bool split = false;
+        for (int k = 0; k < 3 * 2; k++) {
+            /* (k / 2: the kind; k odd: the short sequences of a split decode part) */
+            attn_part *pt = &parts[nparts];
+            if (k % 2 == 0) {
+                if (!used[k / 2]) continue;
+                nparts++;
+                pt->kind = (kernel_kind)(k / 2);
+                st = plan_part(ctx, impl, p, rules, pt);
+                int32_t cut = 0;
+                if (st == PA_OK && split_short(p, rules, pt, &cut)) {
+                    /* this part: the long sequences; the next: the short ones */
+                    split = true;
+                    free(pt->tiles);
+                    memset(pt, 0, sizeof *pt);
+                    pt->kind = K_DECODE;
+                    pt->key_lo = cut;
+                    parts[nparts].key_hi = cut;
+                    st = plan_part(ctx, impl, p, rules, pt);
+                }
+            } else {
+                if (pt->key_hi == 0) continue;
+                nparts++;
+                pt->kind = K_DECODE;
+                st = plan_part(ctx, impl, p, rules, pt);
+            }
             if (st) break;
             pt->work0 = nwork;
             pt->rows0 = part_rows;
@@ -796,6 +856,10 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             part_rows += pt->part_rows;
             ncounters += pt->ncounters + (pt->kp.persistent ? 1 : 0); /* the last: its unit counter */
         }
+        if (st == PA_OK && used[K_DECODE] && env_int("PAGEDATTN_DECODE_SPLIT_SHORT", 1, 0, 2) == 2 &&
+            !split)
+            st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_SPLIT_SHORT=2 (specs), but this call's "
+                         "decode sequences are not split into short and long ones");
         if (st) {
             for (int i = 0; i < nparts; i++) free(parts[i].tiles);
             return st;
