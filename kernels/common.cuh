@@ -157,6 +157,22 @@ PA_DEV void pa_cp_async16(void *smem, const void *gmem, bool pred) {
                  : "memory");
 }
 PA_DEV void pa_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/* Programmatic dependent launch (sm_90+; elsewhere, and in a grid not
+ * launched so, nothing): the kernel after this one in the stream, launched
+ * with programmatic stream serialization, may start once every block of
+ * this one has called pa_launch_dependents (or exited); pa_wait_prior_grid
+ * waits until the kernel before this one has completed, its writes visible. */
+PA_DEV void pa_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+PA_DEV void pa_wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 template <int N> PA_DEV void pa_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }

@@ -299,6 +299,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
      * where the host listed them (p.first_pages) */
     int j = 0;
     load_item(0, blockIdx.x);
+    /* a launch after this one (programmatic, the short units of a call that
+     * also has long ones: cuda_attention.c) may take the SMs this grid
+     * leaves: one block per unit, every block is running; persistent blocks
+     * say so once they know their unit is their last (below) */
+    if (!PERSIST) pa_launch_dependents();
     const int item0 = blockIdx.x / p.head_tiles;
     const bool listed = PA_PAGE != -1 && p.first_pages != 0 && item0 < p.first_pages_items;
     if (listed && tid >= 32 && tid < 32 + PA_DECODE_FIRST_PAGES)
@@ -376,6 +381,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             __syncthreads();
             load_item(j ^ 1, s_next);
             __syncthreads();
+            if (s_next >= units) pa_launch_dependents(); /* this unit is the block's last */
             load_rest(j ^ 1, !p.q_f32, false); /* the loop's first barrier precedes every reader */
         }
 
@@ -445,6 +451,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                             pa_cp_async16((u8 *)&s_w[j ^ 1] + 16 * c, src + 16 * c, true);
                     }
                 }
+                if (st == pst + 2 && s_unit[j ^ 1] < 0) pa_launch_dependents(); /* the block's last unit */
                 if (st == pst + 3) load_rest(j ^ 1, !p.q_f32, true);
             }
             /* (past the unit's end, PERSIST copies the next unit's rows, and
@@ -657,6 +664,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         j ^= 1;
     }
     pa_cp_async_wait<0>(); /* (copies of nothing may still be in flight) */
+    /* launched after another grid programmatically: this grid ends after
+     * that one, so what follows in the stream waits for both */
+    pa_wait_prior_grid();
 }
 
 #endif /* PA_EMBED_ONLY */

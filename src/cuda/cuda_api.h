@@ -21,6 +21,27 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 
+/* cuLaunchKernelEx's configuration (cuda.h's CUlaunchConfig, CUlaunchAttribute:
+ * an id, padding to 8 bytes, a 64-byte value) and the one attribute we set */
+typedef struct CUlaunchAttribute {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        int programmatic_stream_serialization;
+    } value;
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, smem;
+    CUstream stream;
+    CUlaunchAttribute *attrs;
+    unsigned num_attrs;
+} CUlaunchConfig;
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+_Static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchConfig, attrs) == 40 &&
+                   offsetof(CUlaunchConfig, num_attrs) == 48,
+               "CUlaunchConfig / CUlaunchAttribute: cuda.h's layout (64-bit)");
+
 /* A TMA descriptor (cuda.h's CUtensorMap: 128 opaque bytes, 64-byte aligned
  * at least) and the constants of cuTensorMapEncodeTiled that we use. */
 typedef struct CUtensorMap {
@@ -120,11 +141,12 @@ typedef struct pa_cuda_driver {
     CUresult (*cuLaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned smem, CUstream stream,
                                void **params, void **extra);
-    /* optional (NULL: no TMA; drivers for CUDA 12+ have it) */
+    /* optional (NULL: no TMA, no programmatic dependent launch; drivers for CUDA 12+ have them) */
     CUresult (*cuTensorMapEncodeTiled)(CUtensorMap *map, int dtype, uint32_t rank, void *global,
                                        const uint64_t *dims, const uint64_t *strides, const uint32_t *box,
                                        const uint32_t *elem_strides, int interleave, int swizzle, int l2_promotion,
                                        int oob_fill);
+    CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *config, CUfunction fn, void **params, void **extra);
 } pa_cuda_driver;
 
 typedef int nvrtcResult;

@@ -768,7 +768,8 @@ static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *i
  * sequences and the short ones are planned as two parts, two launches (page
  * 16, same process: 64 x 4096 + 512 x 64 keys 369.1-370.5 -> 315.0-315.4
  * us, 256 x 1024 + 1024 x 64 547.7 -> 377.3-379.1, 32 x 4096 + 1024 x 128
- * 331 -> 312-313; kernels/NOTES.md, session 19).
+ * 331 -> 312-313; kernels/NOTES.md, session 19; the second launch starts
+ * in the first one's tail: run, PAGEDATTN_DECODE_OVERLAP).
  * PAGEDATTN_DECODE_SPLIT_SHORT=0: one part; 2 (specs): a decode call that
  * is not split fails, so that a spec knows it tested the split. *cut: the
  * length that parts them. */
@@ -1025,9 +1026,28 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
         int64_t blocks = parts[i].nwork * kp->head_tiles;
         if (kp->persistent && blocks > kp->grid_cap) blocks = kp->grid_cap; /* each takes units until none are left */
-        r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1, (unsigned)kp->smem,
-                                 impl->stream, args, NULL);
-        if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
+        /* the short sequences of a split decode call (split_short) start
+         * while the long ones' blocks end: launched programmatically after
+         * them, they take the SMs the persistent blocks leave (decode_mma
+         * says when: pa_launch_dependents) and end after them
+         * (pa_wait_prior_grid), reading nothing they write (sm_90+;
+         * PAGEDATTN_DECODE_OVERLAP=0: one after the other) */
+        const bool overlap = i > 0 && parts[i].key_hi > 0 && parts[i - 1].nwork > 0 && impl->cc_major >= 9 &&
+                             pa_cu.cuLaunchKernelEx != NULL && env_int("PAGEDATTN_DECODE_OVERLAP", 1, 0, 1) == 1;
+        if (overlap) {
+            CUlaunchAttribute attr;
+            memset(&attr, 0, sizeof attr);
+            attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmatic_stream_serialization = 1;
+            const CUlaunchConfig cfg = {(unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1, (unsigned)kp->smem,
+                                        impl->stream, &attr, 1};
+            r = pa_cu.cuLaunchKernelEx(&cfg, kp->fn, args, NULL);
+            if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernelEx(attention)", __FILE__, __LINE__);
+        } else {
+            r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1,
+                                     (unsigned)kp->smem, impl->stream, args, NULL);
+            if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
+        }
     }
     if (plan) {
         pa_status st_rel = pa_cuda_plan_release(ctx, impl, slot);

@@ -93,6 +93,7 @@ static void load_driver(void) {
         SYM(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor"),
         SYM(cuLaunchKernel, "cuLaunchKernel"),
         OPT(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
+        OPT(cuLaunchKernelEx, "cuLaunchKernelEx"),
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *fn = NULL;
