@@ -178,35 +178,30 @@ local config_layouts = {}
 for p in (os.getenv("PAGEDATTN_BENCH_CONFIG_LAYOUTS") or "16"):gmatch("%d+") do
   config_layouts[#config_layouts + 1] = tonumber(p)
 end
-local workloads = { { 64, 4096 }, { 8, 32768 }, { 256, 1024 } }
+-- A decode workload from its name, "64x4096" (B sequences x L keys) or
+-- "64x4096+512x64" (one batch of both): { name, parts = { {B, L}, ... } }
+local function workload(name)
+  local parts = {}
+  for b, l in name:gmatch("(%d+)x(%d+)") do parts[#parts + 1] = { tonumber(b), tonumber(l) } end
+  return #parts > 0 and { name = name, parts = parts } or nil
+end
+local workloads = { workload("64x4096"), workload("8x32768"), workload("256x1024") }
 -- the page-16 workloads of the sweeps: these and PAGEDATTN_BENCH_DECODE_WORKLOADS
 local extra_workloads, page16_workloads = {}, { unpack(workloads) }
 for w in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("[%dx+]+") do
-  local parts = {}
-  for b, l in w:gmatch("(%d+)x(%d+)") do parts[#parts + 1] = { tonumber(b), tonumber(l) } end
-  local wl = #parts == 1 and parts[1] or #parts > 1 and { parts = parts, name = w } or nil
+  local wl = workload(w)
   if wl then
     extra_workloads[#extra_workloads + 1] = wl
     page16_workloads[#page16_workloads + 1] = wl
   end
 end
 
--- One decode call of B sequences x L keys at `page` (its tensors live as
--- long as the function).
-local function decode_call(B, L, page)
-  local kc, vc, bt = make_cache(B, L, page)
-  local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
-  local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
-  local opts = { block_table = bt, cache_seqlens = L, out = out }
-  return function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
-end
-
--- One decode call of a mixed batch (parts: { {B, L}, ... }, the sequences
--- in a fixed shuffled order), and its bytes: a page-16 (or page-`page`)
--- cache of B x max L pages, each sequence reading its own keys.
-local function mixed_call(parts, page)
+-- One decode call of workload wl at `page` (its tensors live as long as
+-- the function), and the bytes of K/V it reads: a cache of B x max L keys;
+-- a mixed batch's lengths in a fixed shuffled order.
+local function decode_call(wl, page)
   local lens = {}
-  for _, pt in ipairs(parts) do
+  for _, pt in ipairs(wl.parts) do
     for _ = 1, pt[1] do lens[#lens + 1] = pt[2] end
   end
   require("pagedattn.reference").rng(11):shuffle(lens)
@@ -215,23 +210,15 @@ local function mixed_call(parts, page)
   local kc, vc, bt = make_cache(B, L, page)
   local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
   local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
-  local seqlens = assert(pa.from_table(lens, { B }, "i32", dev))
+  local seqlens = #wl.parts == 1 and L or assert(pa.from_table(lens, { B }, "i32", dev))
   local opts = { block_table = bt, cache_seqlens = seqlens, out = out }
   return function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, 2 * keys * HK * D * ESZ
 end
 
--- wl: { B, L } or { parts = ..., name = "64x4096+512x64" }
 local function decode(wl, page, label)
-  local call, bytes, name
-  if wl.parts then
-    call, bytes = mixed_call(wl.parts, page)
-    name = wl.name
-  else
-    call, bytes = decode_call(wl[1], wl[2], page), 2 * wl[1] * wl[2] * HK * D * ESZ
-    name = string.format("%dx%d", wl[1], wl[2])
-  end
+  local call, bytes = decode_call(wl, page)
   local k, w = time_calls(call, iters)
-  decode_row("decode " .. name .. (label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
+  decode_row("decode " .. wl.name .. (label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
   call = nil
   collectgarbage()
   collectgarbage()
@@ -259,8 +246,8 @@ end
 -- to back: the first point after the ceilings read 3-6 % below the same
 -- point measured later in every run (kernels/NOTES.md, session 8), the
 -- device still settling after the sustained matmul.
-local function settle(B, L, page, seconds)
-  local call = decode_call(B, L, page)
+local function settle(wl, page, seconds)
+  local call = decode_call(wl, page)
   local t0 = pa.clock()
   repeat loop_calls(call, 20) until pa.clock() - t0 >= seconds
   call = nil
@@ -270,7 +257,7 @@ end
 
 if run_decode then
   local settle_s = quick and 0.1 or 0.5
-  settle(workloads[1][1], workloads[1][2], 16, settle_s)
+  settle(workloads[1], 16, settle_s)
   print()
   print(string.format("(decode: %.1f s of untimed calls of the first workload before the table)", settle_s))
   print(decode_header)

@@ -566,7 +566,12 @@ typedef struct attn_part {
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
     bool claim;             /* its splits claim their keys (plan_work) */
     int32_t key_lo, key_hi; /* decode split by length: sequences of key_lo <= keys < key_hi (key_hi 0: any) */
+    int64_t short_tiles;    /* query tiles of sequences under persist_min_keys() keys */
 } attn_part;
+
+/* Decode: persistent blocks only where the query tiles average at least
+ * this many keys; a split call parts its sequences here (split_short). */
+static int32_t persist_min_keys(void) { return env_int("PAGEDATTN_DECODE_PERSIST_MIN_KEYS", 256, 0, INT32_MAX); }
 
 /* Whether sequence b is part pt's. */
 static bool in_part(const pa_attn_problem *p, kind_rules rules, const attn_part *pt, int32_t b) {
@@ -669,12 +674,14 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
+    const int32_t min_keys = persist_min_keys();
     int64_t tile_keys = 0; /* keys of the query tiles (each its sequence's) */
     for (int32_t b = 0; b < p->batch; b++)
         if (in_part(p, rules, pt, b)) {
             const int64_t n = (p->h_seqlen_q[b] + qt - 1) / qt;
             pt->ntiles += n;
             tile_keys += n * p->h_seqlen_k[b];
+            if (p->h_seqlen_k[b] < min_keys) pt->short_tiles += n;
         }
     /* Fewer query tiles than the GPU holds blocks: prefill_ws, which never
      * splits, gives way to the kernel that splits them over a wave; the
@@ -689,8 +696,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
      * us, 512 x 128 126.0 -> 104.0; 256 x 256 82.2 against 83.7; session 18).
      * The query tile is the same: ntiles stands. */
     const int64_t tiles = pt->ntiles * pt->kp.head_tiles;
-    const bool short_units =
-        tile_keys < pt->ntiles * (int64_t)env_int("PAGEDATTN_DECODE_PERSIST_MIN_KEYS", 256, 0, INT32_MAX);
+    const bool short_units = tile_keys < pt->ntiles * (int64_t)min_keys;
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
         (pt->kp.persistent && !pt->kp.guided && (tiles <= pt->kp.grid_cap || short_units))) {
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_units && pt->kp.persistent, &pt->kp);
@@ -771,22 +777,12 @@ static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *i
  * 331 -> 312-313; kernels/NOTES.md, session 19; the second launch starts
  * in the first one's tail: run, PAGEDATTN_DECODE_OVERLAP).
  * PAGEDATTN_DECODE_SPLIT_SHORT=0: one part; 2 (specs): a decode call that
- * is not split fails, so that a spec knows it tested the split. *cut: the
- * length that parts them. */
-static bool split_short(const pa_attn_problem *p, kind_rules rules, const attn_part *pt, int32_t *cut) {
-    if (pt->kind != K_DECODE || !(pt->kp.persistent || pt->kp.short_kernel) ||
-        env_int("PAGEDATTN_DECODE_SPLIT_SHORT", 1, 0, 1) == 0)
-        return false;
-    *cut = env_int("PAGEDATTN_DECODE_PERSIST_MIN_KEYS", 256, 0, INT32_MAX);
-    const int qt = pt->kp.q_tile;
-    int64_t short_tiles = 0, long_tiles = 0;
-    for (int32_t b = 0; b < p->batch; b++)
-        if (in_part(p, rules, pt, b)) {
-            const int64_t n = (p->h_seqlen_q[b] + qt - 1) / qt;
-            if (p->h_seqlen_k[b] < *cut) short_tiles += n;
-            else long_tiles += n;
-        }
-    return long_tiles > 0 && short_tiles * pt->kp.head_tiles >= pt->kp.capacity;
+ * is not split fails, so that a spec knows it tested the split. The
+ * length that parts them: persist_min_keys(). */
+static bool split_short(const attn_part *pt) {
+    return pt->kind == K_DECODE && (pt->kp.persistent || pt->kp.short_kernel) &&
+           env_int("PAGEDATTN_DECODE_SPLIT_SHORT", 1, 0, 1) == 1 && pt->short_tiles < pt->ntiles &&
+           pt->short_tiles * pt->kp.head_tiles >= pt->kp.capacity;
 }
 
 static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, CUfunction append_fn) {
@@ -808,32 +804,29 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         for (int32_t b = 0; b < B; b++)
             if (p->h_seqlen_q[b] > 0) used[kind_of(rules, p->h_seqlen_q[b])] = true;
         bool split = false;
-        for (int k = 0; k < 3 * 2; k++) {
-            /* (k / 2: the kind; k odd: the short sequences of a split decode part) */
-            attn_part *pt = &parts[nparts];
-            if (k % 2 == 0) {
-                if (!used[k / 2]) continue;
-                nparts++;
-                pt->kind = (kernel_kind)(k / 2);
-                st = plan_part(ctx, impl, p, rules, pt);
-                int32_t cut = 0;
-                if (st == PA_OK && split_short(p, rules, pt, &cut)) {
-                    /* this part: the long sequences; the next: the short ones */
-                    split = true;
-                    free(pt->tiles);
-                    memset(pt, 0, sizeof *pt);
-                    pt->kind = K_DECODE;
-                    pt->key_lo = cut;
-                    parts[nparts].key_hi = cut;
-                    st = plan_part(ctx, impl, p, rules, pt);
-                }
-            } else {
-                if (pt->key_hi == 0) continue;
-                nparts++;
+        for (int k = 0; k < 3 && st == PA_OK; k++) {
+            if (!used[k]) continue;
+            attn_part *pt = &parts[nparts++];
+            pt->kind = (kernel_kind)k;
+            st = plan_part(ctx, impl, p, rules, pt);
+            if (st == PA_OK && split_short(pt)) {
+                /* this part: the long sequences; the next: the short ones */
+                split = true;
+                const int32_t cut = persist_min_keys();
+                free(pt->tiles);
+                memset(pt, 0, sizeof *pt);
                 pt->kind = K_DECODE;
+                pt->key_lo = cut;
                 st = plan_part(ctx, impl, p, rules, pt);
+                attn_part *sp = &parts[nparts++];
+                sp->kind = K_DECODE;
+                sp->key_hi = cut;
+                if (st == PA_OK) st = plan_part(ctx, impl, p, rules, sp);
             }
-            if (st) break;
+        }
+        /* their places in the call's work list, partial rows, counters and lists */
+        for (int i = 0; st == PA_OK && i < nparts; i++) {
+            attn_part *pt = &parts[i];
             pt->work0 = nwork;
             pt->rows0 = part_rows;
             pt->counters0 = ncounters;
@@ -1042,12 +1035,13 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             const CUlaunchConfig cfg = {(unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1, (unsigned)kp->smem,
                                         impl->stream, &attr, 1};
             r = pa_cu.cuLaunchKernelEx(&cfg, kp->fn, args, NULL);
-            if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernelEx(attention)", __FILE__, __LINE__);
         } else {
             r = pa_cu.cuLaunchKernel(kp->fn, (unsigned)blocks, 1, 1, (unsigned)kp->threads, 1, 1,
                                      (unsigned)kp->smem, impl->stream, args, NULL);
-            if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(attention)", __FILE__, __LINE__);
         }
+        if (r != CUDA_SUCCESS)
+            st = pa_cu_fail(ctx, r, overlap ? "cuLaunchKernelEx(attention)" : "cuLaunchKernel(attention)", __FILE__,
+                            __LINE__);
     }
     if (plan) {
         pa_status st_rel = pa_cuda_plan_release(ctx, impl, slot);
