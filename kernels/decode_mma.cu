@@ -29,6 +29,12 @@
  * the end of one unit into the next: a block pays its start-up once, not
  * per unit.
  *
+ * p.head_span (one block per unit, short units; kernels/NOTES.md, session
+ * 20): a block runs that many head tiles of its work item one after another
+ * as one stream of stages (the next tile's rows are copied while this one's
+ * run; its Q by cp.async a tile ahead), so a short sequence's chain (work
+ * item, page ids) is paid once for all its kv heads, not once for each.
+ *
  * p.claim (one block per unit, kernels/NOTES.md, session 17): the splits of
  * a query tile run their first CS stages and then take the tile's other
  * keys CRUN stages at a time from a counter (claimed CS stages ahead, their
@@ -46,8 +52,8 @@
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
     !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW) || !defined(PA_PERSIST) || \
-    !defined(PA_MINB)
-#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST, PA_MINB"
+    !defined(PA_MINB) || !defined(PA_HW)
+#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST, PA_MINB, PA_HW"
 #endif
 
 #define NTHREADS 128
@@ -58,7 +64,12 @@ constexpr int D = PA_D;
 constexpr int NQ = PA_NQ, GT = PA_GT, ROWS = NQ * GT;
 constexpr int KPW = PA_KPW;             /* keys per warp and stage: 8 or 16 */
 constexpr int NT = KPW / 8;             /* 8-key MMA tiles per warp and stage */
-constexpr int T = KPW * NWARPS;         /* keys per stage */
+/* PA_HW: each warp its own head tile (NWARPS of them, a block's unit), all
+ * warps on the same KPW keys a stage; else the warps share one head tile,
+ * KPW keys each */
+constexpr bool HW = PA_HW != 0;
+constexpr int R = KPW * NWARPS;         /* K (and V) rows a stage: warp w's at w KPW.. */
+constexpr int T = HW ? KPW : R;         /* keys per stage */
 constexpr int ROWB = D * 2;             /* bytes of a K/V row in global memory */
 constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
 /* Shared memory rows, conflict-free for ldmatrix: at 8 keys per warp padded
@@ -68,24 +79,29 @@ constexpr bool SWZ = KPW == 16;
 constexpr int RSTRIDE = SWZ ? ROWB : ROWB + 16;
 constexpr int LINE = CPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per instruction */
 constexpr int GROUPS = NTHREADS / LINE; /* lane groups of the block */
-constexpr int RPT = T / GROUPS;         /* rows per thread and stage */
-constexpr int KV_STAGE = 2 * T * RSTRIDE;
+constexpr int RPT = R / GROUPS;         /* rows per thread and stage */
+constexpr int KV_STAGE = 2 * R * RSTRIDE;
 constexpr bool PERSIST = PA_PERSIST != 0;
 constexpr int NSLOT = PERSIST ? 2 : 1; /* units held at once: the running one and the next */
 constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : NSLOT * PA_MAXP * 4;
-constexpr int ROWOFF_BYTES = 2 * T * 8; /* ring of two stages' row offsets */
+constexpr int ROWOFF_BYTES = 2 * R * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
-constexpr int MERGE_BYTES = NWARPS * 16 * D * 4; /* the warps' o; their (m, l) in static shared memory */
+constexpr int MERGE_BYTES = NWARPS * ROWS * D * 4; /* the warps' o (ROWS rows each); their (m, l) in static shared memory */
 constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
-constexpr int SMEM = KV_OFF + (PERSIST ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
+constexpr int SMEM = KV_OFF + (PERSIST || HW ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
 
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
 static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
 static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
-static_assert(CPR % LINE == 0 && T % GROUPS == 0, "copy mapping");
+static_assert(CPR % LINE == 0 && R % GROUPS == 0, "copy mapping");
+static_assert(!HW || (!PERSIST && NWARPS * ROWS <= 16), "a warp a head tile: one block per unit, every Q in 16 rows");
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
+/* one block per unit: a block may run p.head_span head tiles of its work
+ * item one after another, a stream of stages as a persistent block's, so
+ * merging in a stage buffer as it does (the host reads CAN_SPAN: info[4]) */
+constexpr bool CAN_SPAN = !PERSIST && !HW && MERGE_BYTES <= KV_STAGE;
 constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next one without waiting */
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
@@ -100,12 +116,12 @@ static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
  * stages of first keys and page ids are in flight. */
 constexpr int CS = PA_DECODE_CLAIM_STATIC(PA_STAGES), CRUN = PA_DECODE_CLAIM_RUN, CR = CS;
 static_assert(CS - 2 * PA_STAGES == CRUN, "a claim's result is read where the next claim is taken");
-constexpr bool CAN_CLAIM = !PERSIST && PA_STAGES <= PA_DECODE_CLAIM_MAX_STAGES;
+constexpr bool CAN_CLAIM = !PERSIST && !HW && PA_STAGES <= PA_DECODE_CLAIM_MAX_STAGES;
 /* page ids a stage of T keys spans (from any key) */
 constexpr int PPS = PA_PAGE == -1 ? 1 : PA_PAGE > 0 ? (T - 1) / PA_PAGE + 2 : T + 1;
 } // namespace
 
-extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
+extern "C" __constant__ int pa_decode_mma_info[5] = {NTHREADS, SMEM, T, PA_MAXP, CAN_SPAN ? 1 : 0};
 
 /* The byte offset of 16-byte chunk c in row r of a shared memory tile */
 PA_DEV int chunk_at(int r, int c) { return (SWZ ? (c ^ (r & 7)) : c) * 16; }
@@ -127,7 +143,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     __shared__ int s_flag, s_next;
     __shared__ __align__(16) pa_work s_w[NSLOT];
     __shared__ int s_unit[NSLOT]; /* the unit a slot holds (work item x head tile), -1: none */
-    __shared__ float s_slope[NSLOT][16];
     __shared__ int s_lo[NSLOT][16], s_hi[NSLOT][16];
     __shared__ float s_ml[16 * NWARPS * 2];
     __shared__ int s_ckb[CAN_CLAIM ? CR : 1]; /* claimed stages' first keys; -1: the end */
@@ -141,6 +156,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
     const int units = p.num_work * p.head_tiles;
     const bool natural = p.softcap > 0.f || p.alibi != 0;
+    /* head tiles a block runs one after another (one block per unit) */
+    const int span = CAN_SPAN && p.head_span > 1 ? p.head_span : 1;
     /* claim: the block's item claims stages past its first CS (set once its
      * work item is there) */
     bool claim = false;
@@ -168,17 +185,22 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (tid == 0) s_unit[j] = ok ? u : -1;
         if (ok && tid < 16) ((u32 *)&s_w[j])[tid] = ((const u32 *)p.work)[(i64)(u / p.head_tiles) * 16 + tid];
     };
-    /* The Q tile of slot j's unit (unscaled, in the input type; the rotated
-     * f32 q as hi + lo, rows 16.. holding lo) into s_q; async: a q in the
-     * input type by cp.async (the caller commits and waits) */
-    auto load_q = [&](int j, bool async) {
+    /* The Q tile of unit u (slot j's work item) into s_q, unscaled, in the
+     * input type, at rows 16 half..; the rotated f32 q (half 0) as hi + lo,
+     * rows 16.. holding lo (HW: the tiles of units u.. u + NWARPS - 1, ROWS
+     * rows each). async: a q in the input type by cp.async (the caller
+     * commits and waits) */
+    auto load_q = [&](int j, int u, int half, bool async) {
         const pa_work &w = s_w[j];
-        const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
+        u8 *const qb = s_q + half * 16 * RSTRIDE;
         for (int e = tid; e < 16 * CPR; e += NTHREADS) {
-            const int r = e / CPR, c = e - r * CPR, qi = r / GT;
+            const int r = e / CPR, c = e - r * CPR;
+            const int lr = HW ? r % ROWS : r, qi = lr / GT; /* the row in its tile */
+            const int ht = (u + (HW ? r / ROWS : 0)) % p.head_tiles, hk = ht / tiles_per_group;
+            const int g0 = (ht - hk * tiles_per_group) * GT;
             uint4 v = make_uint4(0, 0, 0, 0), vlo = v;
-            if (r < ROWS && qi < w.seqlen_q) {
-                const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + r % GT) * (i64)D + c * 8;
+            if ((HW ? r < NWARPS * ROWS : r < ROWS) && qi < w.seqlen_q) {
+                const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + lr % GT) * (i64)D + c * 8;
                 if (p.q_f32) {
                     /* q = hi + lo, both in the input type: S = hi K^T + lo K^T
                      * keeps the rotated q's f32 precision (rounding q alone
@@ -194,19 +216,26 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     v = make_uint4(h[0], h[1], h[2], h[3]);
                     vlo = make_uint4(l[0], l[1], l[2], l[3]);
                 } else if (async) {
-                    pa_cp_async16(s_q + r * RSTRIDE + chunk_at(r, c), (const u16 *)p.q + off, true);
-                    continue; /* (rows 16.. are read only for an f32 q) */
+                    pa_cp_async16(qb + r * RSTRIDE + chunk_at(r, c), (const u16 *)p.q + off, true);
+                    continue;
                 } else {
                     v = *(const uint4 *)((const u16 *)p.q + off);
                 }
             }
-            *(uint4 *)(s_q + r * RSTRIDE + chunk_at(r, c)) = v;
-            *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo;
+            *(uint4 *)(qb + r * RSTRIDE + chunk_at(r, c)) = v;
+            if (p.q_f32) *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo; /* (read only then) */
         }
+    };
+    /* The ALiBi slope (log2 units) of row r of unit u (slot j's work item) */
+    auto slope_of = [&](int j, int u, int r) {
+        const pa_work &w = s_w[j];
+        const int ht = u % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
+        if (!p.alibi || r >= ROWS || r / GT >= w.seqlen_q) return 0.f;
+        return ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + hk * p.group + g0 + r % GT] * PA_LOG2E;
     };
     /* The rest of slot j (after a barrier since load_item): page ids of keys
      * [k0, k1) (never past the last page holding a key), the rows' key ranges
-     * and ALiBi slopes, and Q when with_q. async: the page ids and Q by
+     * and Q when with_q. async: the page ids and Q by
      * cp.async, all in flight at once (the caller commits and waits): a
      * block's start waits one round trip for them, not one per load. */
     auto load_rest = [&](int j, bool with_q, bool async, int from = 0) {
@@ -217,56 +246,59 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (async) pa_load_page_ids<PA_PAGE, NTHREADS, true>(p, w.b, w.k0, k1, ps, pages_of(j), from);
         else pa_load_page_ids<PA_PAGE, NTHREADS>(p, w.b, w.k0, k1, ps, pages_of(j));
         if (tid < 16) {
-            const int ht = s_unit[j] % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
-            const int r = tid, qi = r / GT, h = hk * p.group + g0 + r % GT;
+            /* (a row's key range: the same for every head tile) */
+            const int r = tid, qi = r / GT;
             int lo = 0, hi = 0;
-            float slope = 0.f;
             if (r < ROWS && qi < w.seqlen_q) {
                 pa_mask_range(p.window_left, p.window_right, w.seqlen_q, w.seqlen_k, qi, &lo, &hi);
                 lo = max(lo, w.k0);
                 hi = min(hi, w.k1);
-                if (p.alibi) slope = ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + h] * PA_LOG2E;
             }
             s_lo[j][r] = lo;
             s_hi[j][r] = hi;
-            s_slope[j][r] = slope;
         }
-        if (with_q) load_q(j, async);
+        if (with_q) load_q(j, s_unit[j], 0, async);
     };
 
     /* Row offsets (bytes from the cache base; -1: nothing to copy) of the
      * stream's stages, one stage ahead of their copies, in ring entry
-     * G % 2 for global stage G. The cursor (slot rj, stage rs of its unit)
-     * walks the stream: it crosses into the other slot at the end of a unit
-     * (PERSIST; else it runs dry) */
-    int rj = 0, rs = 0;
+     * G % 2 for global stage G. The cursor (slot rj, head tile rh of its
+     * span, stage rs) walks the stream: at the end of a unit it moves to the
+     * span's next head tile, then into the other slot (PERSIST; else it
+     * runs dry) */
+    int rj = 0, rs = 0, rh = 0;
     auto row_offsets = [&](int G) {
         const bool valid = rj < NSLOT && s_unit[rj] >= 0;
-        if (tid < T) {
+        if (tid < R) {
             i64 off = -1;
             if (valid) {
                 const pa_work &w = s_w[rj];
-                const int hk = (s_unit[rj] % p.head_tiles) / tiles_per_group;
+                /* (HW: row tid is key tid % KPW of the unit's head tile tid / KPW) */
+                const int key = HW ? tid % KPW : tid;
+                const int hk = ((s_unit[rj] + rh + (HW ? tid / KPW : 0)) % p.head_tiles) / tiles_per_group;
                 if (CAN_CLAIM && claim && rs >= CS) {
                     /* a claimed stage: its first key and page ids from the ring */
-                    const int kb = s_ckb[rs % CR], tok = kb + tid;
+                    const int kb = s_ckb[rs % CR], tok = kb + key;
                     if (kb >= 0 && tok < w.k1) {
                         const int page = PA_PAGE == -1 ? 0 : s_cpg[rs % CR][tok / ps - kb / ps];
                         off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
                     }
                 } else {
-                    const int tok = w.k0 + rs * T + tid;
+                    const int tok = w.k0 + rs * T + key;
                     if (tok < w.k1) {
                         const int page = PA_PAGE == -1 ? 0 : pages_of(rj)[tok / ps - w.k0 / ps];
                         off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
                     }
                 }
             }
-            s_rowoff[(G & 1) * T + tid] = off;
+            s_rowoff[(G & 1) * R + tid] = off;
         }
         if (valid && ++rs >= stages_of(rj)) {
-            rj = PERSIST ? rj ^ 1 : NSLOT;
             rs = 0;
+            if (++rh >= span) {
+                rh = 0;
+                rj = PERSIST ? rj ^ 1 : NSLOT;
+            }
         }
     };
     /* The copies: lanes in groups of LINE, each group one 16 * LINE-byte
@@ -276,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     const int cp_g = tid / LINE, cp_sub = tid % LINE;
     auto issue = [&](int G) {
         u8 *sbase = s_kv + (G % PA_STAGES) * KV_STAGE;
-        const i64 *ro = s_rowoff + (G & 1) * T;
+        const i64 *ro = s_rowoff + (G & 1) * R;
 #pragma unroll
         for (int r = 0; r < RPT; r++) {
             const int row = cp_g + GROUPS * r;
@@ -286,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             const u8 *gk = (const u8 *)p.k_cache + src, *gv = (const u8 *)p.v_cache + src;
             /* chunks cp_sub + LINE h: at 16 keys per warp LINE is 8, so the
              * swizzle moves only the low 3 bits (cp_sub), h stays an immediate */
-            u8 *sk = sbase + row * RSTRIDE + chunk_at(row, cp_sub), *sv = sk + T * RSTRIDE;
+            u8 *sk = sbase + row * RSTRIDE + chunk_at(row, cp_sub), *sv = sk + R * RSTRIDE;
 #pragma unroll
             for (int h = 0; h < CPR / LINE; h++) {
                 pa_cp_async16(sk + h * LINE * 16, gk + h * LINE * 16, ok);
@@ -295,16 +327,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         }
     };
 
-    /* 1. the first unit (blockIdx.x): its work item, with its first page ids
-     * where the host listed them (p.first_pages) */
+    /* 1. the first unit (blockIdx.x, times the span): its work item, with
+     * its first page ids where the host listed them (p.first_pages) */
     int j = 0;
-    load_item(0, blockIdx.x);
+    const int unit0 = (int)blockIdx.x * (HW ? NWARPS : span);
+    load_item(0, unit0);
     /* a launch after this one (programmatic, the short units of a call that
      * also has long ones: cuda_attention.c) may take the SMs this grid
      * leaves: one block per unit, every block is running; persistent blocks
      * say so once they know their unit is their last (below) */
     if (!PERSIST) pa_launch_dependents();
-    const int item0 = blockIdx.x / p.head_tiles;
+    const int item0 = unit0 / p.head_tiles;
     const bool listed = PA_PAGE != -1 && p.first_pages != 0 && item0 < p.first_pages_items;
     if (listed && tid >= 32 && tid < 32 + PA_DECODE_FIRST_PAGES)
         pages_of(0)[tid - 32] = ((const int *)p.first_pages)[(i64)item0 * PA_DECODE_FIRST_PAGES + tid - 32];
@@ -335,37 +368,50 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
     row_offsets(PA_STAGES - 1);
     if (early) {
-        if (p.q_f32 && s_unit[0] >= 0) load_q(0, false); /* (plain loads: while the stages fly) */
+        if (p.q_f32 && s_unit[0] >= 0) load_q(0, unit0, 0, false); /* (plain loads: while the stages fly) */
         pa_cp_async_wait<PA_STAGES - 1>(); /* the page ids, rows and Q (the first group) */
         __syncthreads();
     }
 
     const int g = lane >> 2, t4 = lane & 3;
+    int sub = 0; /* the head tile of the span that runs (one block per unit) */
     for (bool first = true;; first = false) {
-        /* 3. a unit: slot j, its Q in s_q (a rotated f32 q is loaded here:
-         * its lo half stays in use while the unit runs) */
-        if (PERSIST && !first && p.q_f32) {
-            load_q(j, false);
+        /* 3. a unit: slot j (head tile sub of its span), its Q in s_q (a
+         * rotated f32 q is loaded here: its lo half stays in use while the
+         * unit runs; one in the input type came a unit ahead, rows 16 (sub %
+         * 2).., in the group of the last unit's first stage) */
+        const int nst = stages_of(j);
+        if (!first && p.q_f32) {
+            load_q(j, s_unit[j] + sub, 0, false);
+            __syncthreads();
+        } else if (sub > 0) {
+            /* that group is stage G - nst + STAGES - 1's (group X + 1
+             * holds stage X); the stages up to G - 1 have landed */
+            if (nst < PA_STAGES) pa_cp_async_wait_n(nst - 1);
             __syncthreads();
         }
         const pa_work &w = s_w[j];
-        const int unit = s_unit[j];
+        const int unit = s_unit[j] + (HW ? warp : sub); /* (HW: this warp's) */
+        const int qh = p.q_f32 ? 0 : 16 * (sub & 1); /* Q's first row */
+        /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
+         * rows repeating them: masked, but finite) */
+        auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : qh + lr; };
         const int head_tile = unit % p.head_tiles;
         const int hk = head_tile / tiles_per_group;
         const int g0 = (head_tile - hk * tiles_per_group) * GT;
-        const int nst = stages_of(j), k0 = w.k0;
+        const int k0 = w.k0;
         /* this lane's rows (g, g + 8) and Q fragments, kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
         u32 qa[D / 16][4];
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             const int mi = lane >> 3;
-            const int r = (lane & 7) + 8 * (mi & 1);
+            const int r = q_row((lane & 7) + 8 * (mi & 1));
             ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
         }
         const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
         const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
-        const float slope0 = s_slope[j][g], slope1 = s_slope[j][g + 8];
+        const float slope0 = slope_of(j, unit, g), slope1 = slope_of(j, unit, g + 8);
 
         /* The unit after this one goes into the other slot, while this one
          * runs: one fetch of the unit counter per unit run (blockIdx.x came
@@ -454,14 +500,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 if (st == pst + 2 && s_unit[j ^ 1] < 0) pa_launch_dependents(); /* the block's last unit */
                 if (st == pst + 3) load_rest(j ^ 1, !p.q_f32, true);
             }
-            /* (past the unit's end, PERSIST copies the next unit's rows, and
-             * else there is nothing to copy) */
-            if (PERSIST || st + PA_STAGES - 1 < nst) issue(G + PA_STAGES - 1);
+            /* the span's next head tile: its Q (in the input type) a unit ahead */
+            if (!PERSIST && st == 0 && sub + 1 < span && !p.q_f32) load_q(j, unit + 1, (sub + 1) & 1, true);
+            /* (past the unit's end, PERSIST copies the next unit's rows, as
+             * does a span up to its last head tile's end; else there is
+             * nothing to copy) */
+            if (PERSIST || G + PA_STAGES - 1 < nst * span) issue(G + PA_STAGES - 1);
             pa_cp_async_commit();
-            if (PERSIST || st + PA_STAGES < nst) row_offsets(G + PA_STAGES);
+            if (PERSIST || G + PA_STAGES < nst * span) row_offsets(G + PA_STAGES);
 
             const u8 *sk = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
-            const u8 *sv = sk + T * RSTRIDE;
+            const u8 *sv = sk + R * RSTRIDE;
             const int kr = lane & 7, kc = lane >> 3; /* ldmatrix: this lane's row (of 8) and chunk (of 4) */
             /* S = Q K^T for this warp's KPW keys, NT tiles of 8; two accumulators
              * per tile: two dependent MMA chains of half the length */
@@ -484,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                 for (int kk = 0; kk < D / 32; kk++) {
                     u32 a[2][4];
-                    const int mi = lane >> 3, r = 16 + (lane & 7) + 8 * (mi & 1);
+                    const int mi = lane >> 3, r = 16 + q_row((lane & 7) + 8 * (mi & 1));
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                         ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
@@ -499,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             }
             /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
             const int kb =
-                (CAN_CLAIM && claim && st >= CS ? s_ckb[st % CR] : k0 + st * T) + warp * KPW;
+                (CAN_CLAIM && claim && st >= CS ? s_ckb[st % CR] : k0 + st * T) + (HW ? 0 : warp * KPW);
             float mx0 = m0, mx1 = m1;
 #pragma unroll
             for (int n = 0; n < NT; n++) {
@@ -575,22 +624,48 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 }
             }
         }
+        if constexpr (HW) {
+            /* 4. (HW) out and lse straight from this warp's fragments: its
+             * rows' whole softmax state (an unsplit unit), row g only (ROWS
+             * <= 4), the arithmetic of the merge below for one warp */
+            l0 = pa_quad_sum(l0);
+            const int qi = w.i0 + g / GT, gq = g0 + g % GT;
+            if (g < ROWS && qi < w.seqlen_q && gq < p.group) {
+                const int h = hk * p.group + gq;
+                const bool none = m0 == -PA_INF;
+                const i64 dst = ((w.q_start + qi) * p.heads + h) * (i64)D + 2 * t4;
+                const bool vec = (p.out & 3) == 0;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    const float a = none ? 0.f : o[n][0] / l0, b = none ? 0.f : o[n][1] / l0;
+                    if (vec) {
+                        *(u32 *)((u16 *)p.out + dst + n * 8) = pack2(a, b);
+                    } else {
+                        pa_elem<PA_DTYPE>::store((void *)p.out, dst + n * 8, a);
+                        pa_elem<PA_DTYPE>::store((void *)p.out, dst + n * 8 + 1, b);
+                    }
+                }
+                if (t4 == 0 && p.lse) pa_store_lse(p, w, h, qi, none ? -PA_INF : m0 + pa_log2(l0));
+            }
+            break;
+        }
         /* 4. merge the warps through the buffer of the stage just consumed
-         * (PERSIST: free until the next iteration's copies; the next unit's
-         * stages are in flight in the others), else through the drained
-         * stage buffers: o[warp][16][D], (m, l)[row][warp] */
-        if (!PERSIST) pa_cp_async_wait<0>();
+         * (PERSIST or a span: free until the next iteration's copies; the
+         * next unit's stages are in flight in the others), else through the
+         * drained stage buffers: o[warp][ROWS][D], (m, l)[row][warp] */
+        const bool in_stage = PERSIST || span > 1;
+        if (!in_stage) pa_cp_async_wait<0>();
         __syncthreads();
         l0 = pa_quad_sum(l0);
         l1 = pa_quad_sum(l1);
-        float *sm_o = (float *)(PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
+        float *sm_o = (float *)(in_stage ? s_kv + ((G + PA_STAGES - 1) % PA_STAGES) * KV_STAGE : s_kv);
         float *sm_ml = s_ml;
         /* (only the ROWS real rows of the 16: at ROWS 4, a quarter of the stores) */
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int col = n * 8 + 2 * t4;
-            if (g < ROWS) *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
-            if (g + 8 < ROWS) *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+            if (g < ROWS) *(float2 *)(sm_o + (warp * ROWS + g) * D + col) = make_float2(o[n][0], o[n][1]);
+            if (g + 8 < ROWS) *(float2 *)(sm_o + (warp * ROWS + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
         }
         if (t4 == 0) {
             sm_ml[(g * NWARPS + warp) * 2] = m0;
@@ -621,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int y = 0; y < NWARPS; y++) {
                     const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
                     l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
-                    const float *src = sm_o + (y * 16 + r) * D + lane * V;
+                    const float *src = sm_o + (y * ROWS + r) * D + lane * V;
                     float x[V];
                     if constexpr (V == 4) *(float4 *)x = *(const float4 *)src;
                     else if constexpr (V == 2) *(float2 *)x = *(const float2 *)src;
@@ -659,9 +734,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (CAN_CLAIM && claim && tid == 0) s_flag = (int)cq;
         if (w.nsplit > 1) pa_split_arrival<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, &s_flag);
         if (CAN_CLAIM && claim && tid == 0 && s_flag) *claim_ctr = 0u;
-        if (!PERSIST || s_unit[j ^ 1] < 0) break;
+        if (PERSIST ? s_unit[j ^ 1] < 0 : ++sub >= span) break;
         __syncthreads(); /* the merge area, s_ml and this slot are free */
-        j ^= 1;
+        if (PERSIST) j ^= 1;
     }
     pa_cp_async_wait<0>(); /* (copies of nothing may still be in flight) */
     /* launched after another grid programmatically: this grid ends after

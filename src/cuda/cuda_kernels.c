@@ -30,7 +30,7 @@ static const kkind kinds[] = {
     {"util", "util.cu", NULL, {NULL}},
     {"append", "append.cu", NULL, {"dtype", NULL}},
     {"decode", "decode.cu", "pa_decode_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", NULL}},
-    {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", NULL}},
+    {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", "hw", NULL}},
     {"fallback", "fallback.cu", "pa_fallback_info", {"dtype", NULL}},
     {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
     {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
@@ -78,6 +78,7 @@ static pa_status parse_value(pa_context *ctx, const char *variant, const char *k
     else if (strcmp(key, "kpw") == 0) ok = v == 8 || v == 16;
     else if (strcmp(key, "tma") == 0) ok = v >= 0 && v <= 2;
     else if (strcmp(key, "persist") == 0) ok = v == 0 || v == 1;
+    else if (strcmp(key, "hw") == 0) ok = v == 0 || v == 1;
     else ok = false;
     if (!ok) goto bad;
     char upper[16];
@@ -118,7 +119,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
             return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': unexpected '%s'", name, tok);
         vals[k] = eq + 1;
     }
-    long nq = 1, gt = 1, dtype = -1, dim = 0, kpw = 8, page = 0, tma = 0, persist = 0;
+    long nq = 1, gt = 1, dtype = -1, dim = 0, kpw = 8, page = 0, tma = 0, persist = 0, hw = 0;
     for (int i = 0; out->kind->keys[i]; i++) {
         const char *key = out->kind->keys[i];
         if (!vals[i])
@@ -136,6 +137,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(key, "page") == 0) page = v;
         if (strcmp(key, "tma") == 0) tma = v;
         if (strcmp(key, "persist") == 0) persist = v;
+        if (strcmp(key, "hw") == 0) hw = v;
     }
     if (tma == 2 && page < 16)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': tma=2 (page boxes) takes pages of 16 tokens or more",
@@ -152,6 +154,9 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
                        "kernel variant '%s': decode_mma takes f16 or bf16 and D a multiple of 32 up to 128", name);
     if (mma && kpw == 16 && dim % 64 != 0)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': kpw=16 takes D 64 or 128", name);
+    if (mma && hw && (persist || nq * gt > 4))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': hw=1 (a warp a head tile) takes persist=0 and "
+                       "nq * gt <= 4", name);
     if (mma && persist && kpw != 16)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': persist=1 takes kpw=16", name);
     if (strcmp(out->kind->kind, "prefill") == 0 && (dtype == 0 || dim % 16 != 0))
@@ -187,19 +192,23 @@ static const char *const catalog[] = {
     "decode dtype=bf16 D=40 nq=4 gt=2 page=1 stages=3 maxp=1024",
     "decode dtype=bf16 D=8 nq=1 gt=1 page=8 stages=2 maxp=1024",
     "decode dtype=f32 D=64 nq=1 gt=1 page=any stages=4 maxp=1024",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=1",
-    "decode_mma dtype=f16 D=64 nq=4 gt=2 page=any stages=2 maxp=1024 kpw=16 persist=0 minb=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1",
-    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1 minb=1",
-    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=256 stages=3 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=contig stages=3 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=f16 D=128 nq=1 gt=4 page=16 stages=4 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024 kpw=8 persist=0 minb=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=0",
+    "decode_mma dtype=f16 D=64 nq=4 gt=2 page=any stages=2 maxp=1024 kpw=16 persist=0 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0",
+    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=256 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=contig stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=f16 D=128 nq=1 gt=4 page=16 stages=4 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=0",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=1",
+    "decode_mma dtype=f16 D=64 nq=2 gt=2 page=any stages=4 maxp=1024 kpw=8 persist=0 minb=1 hw=1",
+    "decode_mma dtype=bf16 D=96 nq=4 gt=1 page=contig stages=2 maxp=1024 kpw=8 persist=0 minb=3 hw=1",
+    "decode_mma dtype=f16 D=128 nq=1 gt=1 page=1 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=1",
     "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=256 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=contig stages=2 natural=0 minb=2",
