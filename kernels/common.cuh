@@ -176,18 +176,6 @@ PA_DEV void pa_wait_prior_grid() {
 template <int N> PA_DEV void pa_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-/* The same for a block-uniform n known at run time (n < 0: as 0; above 6: as 6) */
-PA_DEV void pa_cp_async_wait_n(int n) {
-    switch (n < 0 ? 0 : n > 6 ? 6 : n) {
-    case 0: pa_cp_async_wait<0>(); break;
-    case 1: pa_cp_async_wait<1>(); break;
-    case 2: pa_cp_async_wait<2>(); break;
-    case 3: pa_cp_async_wait<3>(); break;
-    case 4: pa_cp_async_wait<4>(); break;
-    case 5: pa_cp_async_wait<5>(); break;
-    default: pa_cp_async_wait<6>(); break;
-    }
-}
 
 /* ---- Philox-4x32-10 and Box-Muller: the twin of pa_philox / pa_randn4 ---- */
 

@@ -29,11 +29,11 @@
  * the end of one unit into the next: a block pays its start-up once, not
  * per unit.
  *
- * p.head_span (one block per unit, short units; kernels/NOTES.md, session
- * 20): a block runs that many head tiles of its work item one after another
- * as one stream of stages (the next tile's rows are copied while this one's
- * run; its Q by cp.async a tile ahead), so a short sequence's chain (work
- * item, page ids) is paid once for all its kv heads, not once for each.
+ * PA_HW=1 (one block per unit, short units; kernels/NOTES.md, session 20):
+ * each warp takes a head tile of its own, the block's unit being four head
+ * tiles of a work item; a stage holds the same KPW keys of all four, each
+ * warp keeps its tile's softmax whole and writes its rows from its
+ * fragments: no merge of the warps, four times the stages per block start.
  *
  * p.claim (one block per unit, kernels/NOTES.md, session 17): the splits of
  * a query tile run their first CS stages and then take the tile's other
@@ -44,7 +44,8 @@
  * PA_GT (NQ * GT <= 16), PA_PAGE (-1 contiguous, 0 any, else a power of two),
  * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1), PA_MINB (blocks a SM
  * the registers must allow: 1, or more for short units, kernels/NOTES.md
- * session 19).
+ * session 19), PA_HW (0, 1: a warp a head tile; NQ * GT <= 8, <= 4 for a
+ * rotated f32 q).
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -86,7 +87,7 @@ constexpr int NSLOT = PERSIST ? 2 : 1; /* units held at once: the running one an
 constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : NSLOT * PA_MAXP * 4;
 constexpr int ROWOFF_BYTES = 2 * R * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
-constexpr int MERGE_BYTES = NWARPS * ROWS * D * 4; /* the warps' o (ROWS rows each); their (m, l) in static shared memory */
+constexpr int MERGE_BYTES = NWARPS * 16 * D * 4; /* the warps' o; their (m, l) in static shared memory */
 constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
 constexpr int SMEM = KV_OFF + (PERSIST || HW ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
 
@@ -95,13 +96,13 @@ static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
 static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
 static_assert(CPR % LINE == 0 && R % GROUPS == 0, "copy mapping");
-static_assert(!HW || (!PERSIST && NWARPS * ROWS <= 16), "a warp a head tile: one block per unit, every Q in 16 rows");
+static_assert(!HW || (!PERSIST && NWARPS * ROWS <= 32), "a warp a head tile: one block per unit, every Q in 32 rows");
+/* rows of s_q that load_q fills: the tiles' Q (HW: four tiles of ROWS rows;
+ * beyond 16 rows they take the place of a rotated q's lo half, which the
+ * host then never passes) */
+constexpr int QROWS = HW && NWARPS * ROWS > 16 ? 32 : 16;
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
-/* one block per unit: a block may run p.head_span head tiles of its work
- * item one after another, a stream of stages as a persistent block's, so
- * merging in a stage buffer as it does (the host reads CAN_SPAN: info[4]) */
-constexpr bool CAN_SPAN = !PERSIST && !HW && MERGE_BYTES <= KV_STAGE;
 constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next one without waiting */
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
@@ -121,7 +122,7 @@ constexpr bool CAN_CLAIM = !PERSIST && !HW && PA_STAGES <= PA_DECODE_CLAIM_MAX_S
 constexpr int PPS = PA_PAGE == -1 ? 1 : PA_PAGE > 0 ? (T - 1) / PA_PAGE + 2 : T + 1;
 } // namespace
 
-extern "C" __constant__ int pa_decode_mma_info[5] = {NTHREADS, SMEM, T, PA_MAXP, CAN_SPAN ? 1 : 0};
+extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
 
 /* The byte offset of 16-byte chunk c in row r of a shared memory tile */
 PA_DEV int chunk_at(int r, int c) { return (SWZ ? (c ^ (r & 7)) : c) * 16; }
@@ -156,8 +157,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     const int ps = PA_PAGE > 0 ? PA_PAGE : p.page_size;
     const int units = p.num_work * p.head_tiles;
     const bool natural = p.softcap > 0.f || p.alibi != 0;
-    /* head tiles a block runs one after another (one block per unit) */
-    const int span = CAN_SPAN && p.head_span > 1 ? p.head_span : 1;
     /* claim: the block's item claims stages past its first CS (set once its
      * work item is there) */
     bool claim = false;
@@ -186,14 +185,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (ok && tid < 16) ((u32 *)&s_w[j])[tid] = ((const u32 *)p.work)[(i64)(u / p.head_tiles) * 16 + tid];
     };
     /* The Q tile of unit u (slot j's work item) into s_q, unscaled, in the
-     * input type, at rows 16 half..; the rotated f32 q (half 0) as hi + lo,
-     * rows 16.. holding lo (HW: the tiles of units u.. u + NWARPS - 1, ROWS
-     * rows each). async: a q in the input type by cp.async (the caller
-     * commits and waits) */
-    auto load_q = [&](int j, int u, int half, bool async) {
+     * input type; the rotated f32 q as hi + lo, rows 16.. holding lo (HW:
+     * the tiles of units u.. u + NWARPS - 1, ROWS rows each). async: a q in
+     * the input type by cp.async (the caller commits and waits) */
+    auto load_q = [&](int j, int u, bool async) {
         const pa_work &w = s_w[j];
-        u8 *const qb = s_q + half * 16 * RSTRIDE;
-        for (int e = tid; e < 16 * CPR; e += NTHREADS) {
+        for (int e = tid; e < QROWS * CPR; e += NTHREADS) {
             const int r = e / CPR, c = e - r * CPR;
             const int lr = HW ? r % ROWS : r, qi = lr / GT; /* the row in its tile */
             const int ht = (u + (HW ? r / ROWS : 0)) % p.head_tiles, hk = ht / tiles_per_group;
@@ -216,14 +213,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     v = make_uint4(h[0], h[1], h[2], h[3]);
                     vlo = make_uint4(l[0], l[1], l[2], l[3]);
                 } else if (async) {
-                    pa_cp_async16(qb + r * RSTRIDE + chunk_at(r, c), (const u16 *)p.q + off, true);
+                    pa_cp_async16(s_q + r * RSTRIDE + chunk_at(r, c), (const u16 *)p.q + off, true);
                     continue;
                 } else {
                     v = *(const uint4 *)((const u16 *)p.q + off);
                 }
             }
-            *(uint4 *)(qb + r * RSTRIDE + chunk_at(r, c)) = v;
-            if (p.q_f32) *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo; /* (read only then) */
+            *(uint4 *)(s_q + r * RSTRIDE + chunk_at(r, c)) = v;
+            /* (read only then; never with 32 rows of Q) */
+            if (p.q_f32 && QROWS == 16) *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo;
         }
     };
     /* The ALiBi slope (log2 units) of row r of unit u (slot j's work item) */
@@ -257,16 +255,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             s_lo[j][r] = lo;
             s_hi[j][r] = hi;
         }
-        if (with_q) load_q(j, s_unit[j], 0, async);
+        if (with_q) load_q(j, s_unit[j], async);
     };
 
     /* Row offsets (bytes from the cache base; -1: nothing to copy) of the
      * stream's stages, one stage ahead of their copies, in ring entry
-     * G % 2 for global stage G. The cursor (slot rj, head tile rh of its
-     * span, stage rs) walks the stream: at the end of a unit it moves to the
-     * span's next head tile, then into the other slot (PERSIST; else it
-     * runs dry) */
-    int rj = 0, rs = 0, rh = 0;
+     * G % 2 for global stage G. The cursor (slot rj, stage rs of its unit)
+     * walks the stream: it crosses into the other slot at the end of a unit
+     * (PERSIST; else it runs dry) */
+    int rj = 0, rs = 0;
     auto row_offsets = [&](int G) {
         const bool valid = rj < NSLOT && s_unit[rj] >= 0;
         if (tid < R) {
@@ -275,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const pa_work &w = s_w[rj];
                 /* (HW: row tid is key tid % KPW of the unit's head tile tid / KPW) */
                 const int key = HW ? tid % KPW : tid;
-                const int hk = ((s_unit[rj] + rh + (HW ? tid / KPW : 0)) % p.head_tiles) / tiles_per_group;
+                const int hk = ((s_unit[rj] + (HW ? tid / KPW : 0)) % p.head_tiles) / tiles_per_group;
                 if (CAN_CLAIM && claim && rs >= CS) {
                     /* a claimed stage: its first key and page ids from the ring */
                     const int kb = s_ckb[rs % CR], tok = kb + key;
@@ -294,11 +291,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             s_rowoff[(G & 1) * R + tid] = off;
         }
         if (valid && ++rs >= stages_of(rj)) {
+            rj = PERSIST ? rj ^ 1 : NSLOT;
             rs = 0;
-            if (++rh >= span) {
-                rh = 0;
-                rj = PERSIST ? rj ^ 1 : NSLOT;
-            }
         }
     };
     /* The copies: lanes in groups of LINE, each group one 16 * LINE-byte
@@ -327,10 +321,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         }
     };
 
-    /* 1. the first unit (blockIdx.x, times the span): its work item, with
-     * its first page ids where the host listed them (p.first_pages) */
+    /* 1. the first unit (blockIdx.x; HW: NWARPS head tiles a block): its
+     * work item, with its first page ids where the host listed them
+     * (p.first_pages) */
     int j = 0;
-    const int unit0 = (int)blockIdx.x * (HW ? NWARPS : span);
+    const int unit0 = (int)blockIdx.x * (HW ? NWARPS : 1);
     load_item(0, unit0);
     /* a launch after this one (programmatic, the short units of a call that
      * also has long ones: cuda_attention.c) may take the SMs this grid
@@ -368,38 +363,28 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
     row_offsets(PA_STAGES - 1);
     if (early) {
-        if (p.q_f32 && s_unit[0] >= 0) load_q(0, unit0, 0, false); /* (plain loads: while the stages fly) */
+        if (p.q_f32 && s_unit[0] >= 0) load_q(0, unit0, false); /* (plain loads: while the stages fly) */
         pa_cp_async_wait<PA_STAGES - 1>(); /* the page ids, rows and Q (the first group) */
         __syncthreads();
     }
 
     const int g = lane >> 2, t4 = lane & 3;
-    int sub = 0; /* the head tile of the span that runs (one block per unit) */
     for (bool first = true;; first = false) {
-        /* 3. a unit: slot j (head tile sub of its span), its Q in s_q (a
-         * rotated f32 q is loaded here: its lo half stays in use while the
-         * unit runs; one in the input type came a unit ahead, rows 16 (sub %
-         * 2).., in the group of the last unit's first stage) */
-        const int nst = stages_of(j);
-        if (!first && p.q_f32) {
-            load_q(j, s_unit[j] + sub, 0, false);
-            __syncthreads();
-        } else if (sub > 0) {
-            /* that group is stage G - nst + STAGES - 1's (group X + 1
-             * holds stage X); the stages up to G - 1 have landed */
-            if (nst < PA_STAGES) pa_cp_async_wait_n(nst - 1);
+        /* 3. a unit: slot j, its Q in s_q (a rotated f32 q is loaded here:
+         * its lo half stays in use while the unit runs) */
+        if (PERSIST && !first && p.q_f32) {
+            load_q(j, s_unit[j], false);
             __syncthreads();
         }
         const pa_work &w = s_w[j];
-        const int unit = s_unit[j] + (HW ? warp : sub); /* (HW: this warp's) */
-        const int qh = p.q_f32 ? 0 : 16 * (sub & 1); /* Q's first row */
+        const int unit = s_unit[j] + (HW ? warp : 0); /* (HW: this warp's) */
         /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
          * rows repeating them: masked, but finite) */
-        auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : qh + lr; };
+        auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : lr; };
         const int head_tile = unit % p.head_tiles;
         const int hk = head_tile / tiles_per_group;
         const int g0 = (head_tile - hk * tiles_per_group) * GT;
-        const int k0 = w.k0;
+        const int nst = stages_of(j), k0 = w.k0;
         /* this lane's rows (g, g + 8) and Q fragments, kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
         u32 qa[D / 16][4];
@@ -500,14 +485,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 if (st == pst + 2 && s_unit[j ^ 1] < 0) pa_launch_dependents(); /* the block's last unit */
                 if (st == pst + 3) load_rest(j ^ 1, !p.q_f32, true);
             }
-            /* the span's next head tile: its Q (in the input type) a unit ahead */
-            if (!PERSIST && st == 0 && sub + 1 < span && !p.q_f32) load_q(j, unit + 1, (sub + 1) & 1, true);
-            /* (past the unit's end, PERSIST copies the next unit's rows, as
-             * does a span up to its last head tile's end; else there is
-             * nothing to copy) */
-            if (PERSIST || G + PA_STAGES - 1 < nst * span) issue(G + PA_STAGES - 1);
+            /* (past the unit's end, PERSIST copies the next unit's rows, and
+             * else there is nothing to copy) */
+            if (PERSIST || st + PA_STAGES - 1 < nst) issue(G + PA_STAGES - 1);
             pa_cp_async_commit();
-            if (PERSIST || G + PA_STAGES < nst * span) row_offsets(G + PA_STAGES);
+            if (PERSIST || st + PA_STAGES < nst) row_offsets(G + PA_STAGES);
 
             const u8 *sk = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
             const u8 *sv = sk + R * RSTRIDE;
@@ -627,7 +609,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if constexpr (HW) {
             /* 4. (HW) out and lse straight from this warp's fragments: its
              * rows' whole softmax state (an unsplit unit), row g only (ROWS
-             * <= 4), the arithmetic of the merge below for one warp */
+             * <= 8), the arithmetic of the merge below for one warp */
             l0 = pa_quad_sum(l0);
             const int qi = w.i0 + g / GT, gq = g0 + g % GT;
             if (g < ROWS && qi < w.seqlen_q && gq < p.group) {
@@ -650,22 +632,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             break;
         }
         /* 4. merge the warps through the buffer of the stage just consumed
-         * (PERSIST or a span: free until the next iteration's copies; the
-         * next unit's stages are in flight in the others), else through the
-         * drained stage buffers: o[warp][ROWS][D], (m, l)[row][warp] */
-        const bool in_stage = PERSIST || span > 1;
-        if (!in_stage) pa_cp_async_wait<0>();
+         * (PERSIST: free until the next iteration's copies; the next unit's
+         * stages are in flight in the others), else through the drained
+         * stage buffers: o[warp][16][D], (m, l)[row][warp] */
+        if (!PERSIST) pa_cp_async_wait<0>();
         __syncthreads();
         l0 = pa_quad_sum(l0);
         l1 = pa_quad_sum(l1);
-        float *sm_o = (float *)(in_stage ? s_kv + ((G + PA_STAGES - 1) % PA_STAGES) * KV_STAGE : s_kv);
+        float *sm_o = (float *)(PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
         float *sm_ml = s_ml;
         /* (only the ROWS real rows of the 16: at ROWS 4, a quarter of the stores) */
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
             const int col = n * 8 + 2 * t4;
-            if (g < ROWS) *(float2 *)(sm_o + (warp * ROWS + g) * D + col) = make_float2(o[n][0], o[n][1]);
-            if (g + 8 < ROWS) *(float2 *)(sm_o + (warp * ROWS + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+            if (g < ROWS) *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
+            if (g + 8 < ROWS) *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
         }
         if (t4 == 0) {
             sm_ml[(g * NWARPS + warp) * 2] = m0;
@@ -696,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int y = 0; y < NWARPS; y++) {
                     const float wt = pa_exp2(sm_ml[(r * NWARPS + y) * 2] - mx);
                     l += sm_ml[(r * NWARPS + y) * 2 + 1] * wt;
-                    const float *src = sm_o + (y * ROWS + r) * D + lane * V;
+                    const float *src = sm_o + (y * 16 + r) * D + lane * V;
                     float x[V];
                     if constexpr (V == 4) *(float4 *)x = *(const float4 *)src;
                     else if constexpr (V == 2) *(float2 *)x = *(const float2 *)src;
@@ -734,9 +715,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (CAN_CLAIM && claim && tid == 0) s_flag = (int)cq;
         if (w.nsplit > 1) pa_split_arrival<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, &s_flag);
         if (CAN_CLAIM && claim && tid == 0 && s_flag) *claim_ctr = 0u;
-        if (PERSIST ? s_unit[j ^ 1] < 0 : ++sub >= span) break;
+        if (!PERSIST || s_unit[j ^ 1] < 0) break;
         __syncthreads(); /* the merge area, s_ml and this slot are free */
-        if (PERSIST) j ^= 1;
+        j ^= 1;
     }
     pa_cp_async_wait<0>(); /* (copies of nothing may still be in flight) */
     /* launched after another grid programmatically: this grid ends after

@@ -82,10 +82,6 @@ typedef struct pa_attn_params {
      * k0 = the tile's first key + s * those stages, k1 = the tile's end; the
      * host makes every split tile that long); 0: each split its own [k0, k1) */
     pa_i32 claim;
-    /* decode_mma, one block per unit: the head tiles a block runs (block x:
-     * units x span ..., of one work item; the host makes head_tiles a
-     * multiple and every item unsplit); <= 1: one */
-    pa_i32 head_span;
 } pa_attn_params;
 #define PA_DECODE_FIRST_PAGES 16 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages */
 /* decode_mma's claims (at up to 4 pipeline stages): a split's static stages

@@ -46,12 +46,15 @@ if #variants == 0 then
         variants[#variants + 1] = string.format(
           "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024 kpw=%d persist=0 minb=1 hw=0", page, stages, kpw)
       end
-      -- short units (one block per unit, three blocks a SM; a warp a head tile or not)
+      -- short units (one block per unit, three blocks a SM; a warp a head
+      -- tile or not; a warp a head tile at 16 keys a warp, two blocks a SM)
       if stages == 3 then
         for hw = 0, 1 do
           variants[#variants + 1] = string.format(
             "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=%d", page, hw)
         end
+        variants[#variants + 1] = string.format(
+          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1", page)
       end
       variants[#variants + 1] = string.format(
         "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=768 kpw=16 persist=1 minb=1 hw=0", page, stages)

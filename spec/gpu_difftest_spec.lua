@@ -97,53 +97,32 @@ describe("#gpu CUDA against the float64 reference", function()
     end)
   end)
 
-  -- short units (every call: PERSIST_MIN_KEYS), unsplit (SPLIT_CHUNK), each
-  -- block running several head tiles of its work item one after another
-  -- (kernels/NOTES.md, session 20): the most of 2, 3 or 8 that divides the
-  -- head tiles (kv heads whose count has such a divisor); SPAN_REQUIRED fails
-  -- a call whose blocks would not span. Empty sequences (reading only),
-  -- masks, ALiBi, softcap and rotated (f32) q on every head tile of a span.
-  for _, cfg in ipairs({ { "2", { 2, 4, 8 } }, { "3", { 3, 6 } }, { "8", { 2, 3, 4, 8 } } }) do
-    local span, kv_heads = cfg[1], cfg[2]
-    it("#gpu decode, short units, a block running up to " .. span .. " head tiles (PAGEDATTN_DECODE_SPAN)", function()
+  -- short units, unsplit, each of a block's four warps on a head tile of its
+  -- own (decode_mma hw=1; kernels/NOTES.md, session 20), at 8 and 16 keys a
+  -- warp: at most 8 rows a tile (GQA groups 1-8 and their query counts), 4
+  -- where q is rotated in the call; head tiles in fours (4, 8 or 12 kv
+  -- heads), every call (PERSIST_MIN_KEYS) unsplit (SPLIT_CHUNK); HW=2: also
+  -- where its blocks fill less than two waves, and a call that does not run
+  -- so fails.
+  for _, kpw in ipairs({ "8", "16" }) do
+    it("#gpu decode, short units, a warp a head tile, " .. kpw .. " keys a warp (PAGEDATTN_DECODE_HW)", function()
       local env = { PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "100000", PAGEDATTN_SPLIT_CHUNK = "100000",
-        PAGEDATTN_DECODE_SPAN = span, PAGEDATTN_DECODE_SPAN_REQUIRED = "1", PAGEDATTN_DECODE_HW = "0" }
+        PAGEDATTN_DECODE_HW = "2", PAGEDATTN_DECODE_SHORT_KPW = kpw }
       H.with_env(env, function()
-        run_cases("gpu decode span " .. span, H.scale(20), function(rng)
-          -- (at most 8 rows a head tile, so that the warps' merge fits a
-          -- stage buffer; reading only: one query count, kvcache's)
-          local group = ({ 1, 4, 8 })[rng:int(1, 3)]
+        run_cases("gpu decode hw " .. kpw, H.scale(25), function(rng)
+          local group = ({ 1, 2, 4, 8 })[rng:int(1, 4)]
           local nq = rng:int(1, math.floor(8 / group))
           local mode = rng:int(1, 3) == 1 and "read" or "decode"
-          return { mode = mode, form = mode == "read" and "kvcache" or nil,
+          local want = { mode = mode, form = mode == "read" and "kvcache" or nil,
             dtype = rng:int(1, 2) == 1 and "f16" or "bf16", page_size = ({ 0, 1, 3, 16, 32, 256 })[rng:int(1, 6)],
-            D = ({ 64, 128 })[rng:int(1, 2)], Hk = kv_heads[rng:int(1, #kv_heads)], group = group, B = rng:int(1, 9),
+            D = ({ 64, 128 })[rng:int(1, 2)], Hk = ({ 4, 8, 12 })[rng:int(1, 3)], group = group, B = rng:int(1, 9),
             sq = nq, new = rng:int(1, 3) == 1 and nq or 1, num_splits = 0 }
+          if group * nq > 4 then want.rotary = false end -- (more than 4 rows: no rotated f32 q)
+          return want
         end)
       end)
     end)
   end
-
-  -- short units, unsplit, each of a block's four warps on a head tile of its
-  -- own (decode_mma hw=1; kernels/NOTES.md, session 20): at most 4 rows a
-  -- tile (GQA groups 1, 2, 4 and their query counts), head tiles in fours
-  -- (4, 8 or 12 kv heads); SPAN=1 and SPAN_REQUIRED: a call that does not
-  -- run so fails.
-  it("#gpu decode, short units, a warp a head tile (PAGEDATTN_DECODE_HW)", function()
-    local env = { PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "100000", PAGEDATTN_SPLIT_CHUNK = "100000",
-      PAGEDATTN_DECODE_SPAN = "1", PAGEDATTN_DECODE_SPAN_REQUIRED = "1", PAGEDATTN_DECODE_HW = "1" }
-    H.with_env(env, function()
-      run_cases("gpu decode hw", H.scale(40), function(rng)
-        local group = ({ 1, 2, 4 })[rng:int(1, 3)]
-        local nq = rng:int(1, math.floor(4 / group))
-        local mode = rng:int(1, 3) == 1 and "read" or "decode"
-        return { mode = mode, form = mode == "read" and "kvcache" or nil,
-          dtype = rng:int(1, 2) == 1 and "f16" or "bf16", page_size = ({ 0, 1, 3, 16, 32, 256 })[rng:int(1, 6)],
-          D = ({ 64, 128 })[rng:int(1, 2)], Hk = ({ 4, 8, 12 })[rng:int(1, 3)], group = group, B = rng:int(1, 9),
-          sq = nq, new = rng:int(1, 3) == 1 and nq or 1, num_splits = 0 }
-      end)
-    end)
-  end)
 
   -- one block per unit, paged caches, the splits of a query tile claiming its
   -- keys past their first 2 x stages + 2 stages, two stages a claim

@@ -28,7 +28,7 @@
 
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
-_Static_assert(sizeof(pa_attn_params) == 216, "pa_attn_params layout");
+_Static_assert(sizeof(pa_attn_params) == 208, "pa_attn_params layout");
 _Static_assert(sizeof(pa_append_params) == 168, "pa_append_params layout");
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -59,10 +59,7 @@ typedef struct kernel_plan {
     bool forced;        /* PAGEDATTN_PREFILL_KERNEL chose the prefill kernel */
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
     bool short_kernel;  /* decode_mma for short units, one block per unit (plan_kernel's short_units) */
-    bool can_span;      /* decode_mma, one block per unit: a block may run several head tiles (info[4]) */
-    bool hw;            /* decode_mma hw=1: a warp a head tile, four side by side (plan_part) */
-    int head_span;      /* the head tiles of one work item each block runs: one after another
-                           (plan_part's head_span), or side by side (hw: 4) */
+    bool hw;            /* decode_mma hw=1: a warp a head tile, a block four of them (plan_part) */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
@@ -104,18 +101,16 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * prefill or the persistent decode blocks may be chosen (the caller asks for
  * them only when the query tiles fill the GPU). short_units (decode, one
  * block per unit): the units are short, so the blocks a SM count more than
- * the stages a block (plan_part); hw: and each warp takes a head tile of its
- * own (plan_part, hw_fits). */
+ * the stages a block (plan_part); hw_keys > 0: and each warp takes a head
+ * tile of its own, the units averaging that many keys (plan_part, hw_fits). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
-                             int32_t max_q, bool allow_ws, bool short_units, bool hw, kernel_plan *kp) {
+                             int32_t max_q, bool allow_ws, bool short_units, int64_t hw_keys, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     char variant[192], page[16];
     pa_kmodule *m;
     pa_status st;
     page_key(p, page, sizeof page);
-    kp->can_span = false;
     kp->hw = false;
-    kp->head_span = 1;
     if (kind == K_DECODE) {
         /* PAGEDATTN_DECODE_KERNEL=simt|mma forces a decode kernel (tests, benchmarks) */
         const char *force = getenv("PAGEDATTN_DECODE_KERNEL");
@@ -139,11 +134,17 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
              * more chains: 8 keys a warp and 3 stages of 17 KB, three blocks
              * a SM where 16 keys a warp fit two (page 16, 268 MB: 1024 x 64
              * keys 171 -> 129 us, 512 x 128 105 -> 100; kernels/NOTES.md,
-             * session 19). PAGEDATTN_DECODE_SHORT_KPW, _STAGES, _MINB (the
-             * blocks a SM the registers must allow) */
-            kpw = D % 64 == 0 && env_int("PAGEDATTN_DECODE_SHORT_KPW", 8, 8, 16) >= 16 ? 16 : 8;
+             * session 19). A warp a head tile (hw) over units of 96 keys
+             * or more: 16 keys a warp, two blocks a SM (page 16, same
+             * process: 512 x 128 keys 86.7 -> 81.7 us, 32 x 4096 + 1024 x
+             * 128 271.5 -> 263.2; 1024 x 64 94.5 -> 93.7; session 20).
+             * PAGEDATTN_DECODE_SHORT_KPW, _STAGES, _MINB (the blocks a SM
+             * the registers must allow; default 3 at 8 keys a warp, 2 at
+             * 16) */
+            const int kpw_dflt = hw_keys >= 96 ? 16 : 8;
+            kpw = D % 64 == 0 && env_int("PAGEDATTN_DECODE_SHORT_KPW", kpw_dflt, 8, 16) >= 16 ? 16 : 8;
             stages = env_int("PAGEDATTN_DECODE_SHORT_STAGES", 3, 2, 8);
-            minb = env_int("PAGEDATTN_DECODE_SHORT_MINB", 3, 1, 4);
+            minb = env_int("PAGEDATTN_DECODE_SHORT_MINB", kpw == 16 ? 2 : 3, 1, 4);
         }
         /* persistent blocks at 16 keys per warp (PAGEDATTN_DECODE_PERSIST=0:
          * one block per unit): two slots of page ids, 768 each, to keep two
@@ -168,8 +169,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
                     claim_env >= 1;
         kp->claim_stages = PA_DECODE_CLAIM_STATIC(stages);
         kp->claim_required = claim_env == 2;
-        kp->hw = mma && short_units && hw;
-        if (kp->hw) kp->head_span = 4; /* (decode_mma's NWARPS) */
+        kp->hw = mma && short_units && hw_keys > 0;
         if (mma)
             snprintf(variant, sizeof variant,
                      "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d minb=%d hw=%d",
@@ -184,7 +184,6 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->smem = m->info[1];
         kp->tokens = m->info[2];
         const int maxp = m->info[3];
-        kp->can_span = mma && m->info[4] == 1;
         kp->max_chunk = 0;
         if (p->paged) {
             /* a range of c keys spans at most (c - 1) / page + 2 pages */
@@ -676,38 +675,25 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
     return ok;
 }
 
-/* The head tiles of one work item that each block of the short units'
- * kernel runs, one after another (decode_mma.cu, p.head_span): a short
- * unit's block mostly waits on its chain (work item, page ids, then the
- * rows), which a span pays once for all of its head tiles, while the next
- * tile's rows are copied under this one's. The most of 8 that divides the
- * head tiles and leaves four waves of blocks or more: fewer, longer blocks
- * leave the last wave's SMs idle (page 16, same process, span 1 / 2 / 4 /
- * 8: 1024 x 64 keys 141.4 / 131.7 / 133.5 / 137.0 us, 512 x 128 107.8 /
- * 105.5 / 107.4 / 131.2; kernels/NOTES.md, session 20).
- * PAGEDATTN_DECODE_SPAN=N: the most of N that divides them, whatever the
- * blocks (1: none). Unsplit items only (no partials).
- * PAGEDATTN_DECODE_SPAN_REQUIRED=1 (specs): a decode call none of whose
- * blocks run several head tiles fails, so that a spec knows it tested spans. */
-static int head_span(const kernel_plan *kp, int64_t nwork) {
-    const int want = env_int("PAGEDATTN_DECODE_SPAN", 0, 0, 64);
-    int span = 1;
-    for (int s = 2; s <= (want ? want : 8) && s <= kp->head_tiles; s++)
-        if (kp->head_tiles % s == 0 && (want || nwork * kp->head_tiles / s >= 4 * (int64_t)kp->capacity)) span = s;
-    return span;
-}
-
 /* Whether the short units' kernel may give each of its four warps a head
  * tile of its own (decode_mma hw=1): all four on the same keys a stage (8,
  * the rows of four tiles' 8 keys), each keeping its tile's softmax whole,
  * so a unit (a work item's four head tiles) has no merge of the warps
  * through shared memory, and a short sequence streams 4 times the stages
  * per block start-up (kernels/NOTES.md, session 20). The head tiles come in
- * fours, the Q of four fit an MMA tile (at most 4 rows each).
- * PAGEDATTN_DECODE_HW=0: never. */
-static bool hw_fits(const kernel_plan *kp) {
-    return kp->short_kernel && kp->head_tiles % 4 == 0 && kp->q_tile * kp->gt <= 4 &&
-           env_int("PAGEDATTN_DECODE_HW", 1, 0, 1) == 1;
+ * fours and the Q of four fit the kernel's 32 rows of Q: at most 8 rows a
+ * tile, 4 where q is rotated in the call (an f32 q takes two rows a row).
+ * Its blocks must fill two waves: fewer, longer blocks leave SMs idle in the
+ * last wave (page 16, same process, 256 / 512 as
+ * PAGEDATTN_DECODE_PERSIST_MIN_KEYS: 160 x 448 keys, 1.2 waves, 83.0 ->
+ * 103.5-104.3 us; 192 x 384, 1.45 waves, 86 -> 91; 256 x 256, 1.94, 82.9
+ * -> 75.0). PAGEDATTN_DECODE_HW=0: never; 2 (specs): wherever it fits, and
+ * a decode call where it fits nowhere fails, so that a spec knows it tested
+ * it. */
+static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
+    const int rows = kp->q_tile * kp->gt;
+    return kp->short_kernel && kp->head_tiles % 4 == 0 && rows <= (p->rotary_cos != NULL ? 4 : 8) &&
+           env_int("PAGEDATTN_DECODE_HW", 1, 0, 2) >= 1;
 }
 
 /* Plans part `pt` (kind already set): its kernel, query tiles and work count. */
@@ -716,7 +702,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     int32_t max_q = 0;
     for (int32_t b = 0; b < p->batch; b++)
         if (in_part(p, rules, pt, b) && p->h_seqlen_q[b] > max_q) max_q = p->h_seqlen_q[b];
-    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, false, &pt->kp);
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
     const int32_t min_keys = persist_min_keys();
@@ -744,7 +730,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     const bool short_units = tile_keys < pt->ntiles * (int64_t)min_keys;
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
         (pt->kp.persistent && !pt->kp.guided && (tiles <= pt->kp.grid_cap || short_units))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_units && pt->kp.persistent, false, &pt->kp);
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_units && pt->kp.persistent, 0, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }
@@ -764,31 +750,36 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             pt->tiles[t++] = tr;
         }
     }
-    pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
+    /* short units: a warp a head tile where the tiles allow it and no item
+     * splits (its plan's work list is the one kept), else the plan above */
+    bool planned = false;
+    if (pt->kp.short_kernel && hw_fits(p, &pt->kp)) {
+        kernel_plan hw;
+        memset(&hw, 0, sizeof hw); /* (as the parts' plans start) */
+        const int64_t avg_keys = pt->ntiles > 0 ? tile_keys / pt->ntiles : 0;
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, true, avg_keys > 0 ? avg_keys : 1, &hw);
+        if (st) return st;
+        int64_t rows, counters;
+        bool claim;
+        const int64_t n = plan_work(p, &hw, pt->tiles, pt->ntiles, NULL, &rows, &counters, &claim);
+        /* (not where an item splits, e.g. at the page-id cap; two waves: hw_fits) */
+        const bool waves = n * hw.head_tiles / 4 >= 2 * (int64_t)hw.capacity ||
+                           env_int("PAGEDATTN_DECODE_HW", 1, 0, 2) == 2;
+        if (rows == 0 && !claim && waves) {
+            pt->kp = hw;
+            pt->nwork = n;
+            pt->ncounters = counters;
+            planned = true;
+        }
+    }
+    if (!planned)
+        pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
     if (pt->kind == K_DECODE && pt->kp.claim_required && !pt->kp.persistent && !pt->claim)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_CLAIM=2 (specs), but this call's decode "
                        "blocks do not claim their keys (no split tile, or one too short for its splits)");
     if (pt->nwork * pt->kp.head_tiles > INT32_MAX)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %lld blocks exceed the grid limit",
                        (long long)(pt->nwork * pt->kp.head_tiles));
-    /* short units, unsplit: a warp a head tile where the tiles allow it, else
-     * the head tiles one after another (head_span) */
-    if (pt->kp.short_kernel && pt->part_rows == 0 && !pt->claim && hw_fits(&pt->kp)) {
-        kernel_plan hw;
-        memset(&hw, 0, sizeof hw); /* (as the parts' plans start) */
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, true, true, &hw);
-        if (st) return st;
-        int64_t rows, counters;
-        bool claim;
-        const int64_t n = plan_work(p, &hw, pt->tiles, pt->ntiles, NULL, &rows, &counters, &claim);
-        if (rows == 0 && !claim) { /* (else: the page-id cap split an item, keep the plan) */
-            pt->kp = hw;
-            pt->nwork = n;
-            pt->ncounters = counters;
-        }
-    }
-    if (pt->kp.short_kernel && !pt->kp.hw && pt->kp.can_span && pt->part_rows == 0 && !pt->claim)
-        pt->kp.head_span = head_span(&pt->kp, pt->nwork);
     return PA_OK;
 }
 
@@ -866,7 +857,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         bool used[3] = {false, false, false};
         for (int32_t b = 0; b < B; b++)
             if (p->h_seqlen_q[b] > 0) used[kind_of(rules, p->h_seqlen_q[b])] = true;
-        bool split = false, spans = false;
+        bool split = false, hw = false;
         for (int k = 0; k < 3 && st == PA_OK; k++) {
             if (!used[k]) continue;
             attn_part *pt = &parts[nparts++];
@@ -909,7 +900,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
                 pt->pages0 = npaged;
                 npaged += pt->npaged;
             }
-            spans = spans || pt->kp.head_span > 1;
+            hw = hw || pt->kp.hw;
             nwork += pt->nwork;
             part_rows += pt->part_rows;
             ncounters += pt->ncounters + (pt->kp.persistent ? 1 : 0); /* the last: its unit counter */
@@ -918,10 +909,10 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             !split)
             st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_SPLIT_SHORT=2 (specs), but this call's "
                          "decode sequences are not split into short and long ones");
-        if (st == PA_OK && used[K_DECODE] && !spans && env_int("PAGEDATTN_DECODE_SPAN_REQUIRED", 0, 0, 1) == 1)
-            st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_SPAN_REQUIRED=1 (specs), but no decode "
-                         "block of this call runs several head tiles (not the short units' kernel, split items, "
-                         "one head tile, or more than 8 rows a tile at 8 keys a warp)");
+        if (st == PA_OK && used[K_DECODE] && !hw && env_int("PAGEDATTN_DECODE_HW", 1, 0, 2) == 2)
+            st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_HW=2 (specs), but no decode block of "
+                         "this call gives its warps a head tile each (not the short units' kernel, split items, "
+                         "head tiles not in fours, or too many rows a tile)");
         if (st) {
             for (int i = 0; i < nparts; i++) free(parts[i].tiles);
             return st;
@@ -1074,7 +1065,6 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.softcap = p->softcap;
         ap.item_counter = (pa_i32)(kp->persistent ? parts[i].counters0 + parts[i].ncounters : 0);
         ap.claim = parts[i].claim;
-        ap.head_span = kp->head_span;
         if (parts[i].pages0 >= 0) {
             ap.first_pages = plan + pages_off + sizeof(int32_t) * PA_DECODE_FIRST_PAGES * (size_t)parts[i].pages0;
             ap.first_pages_items = (pa_i32)parts[i].npaged;
@@ -1086,7 +1076,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             maps.first_boxes = plan + boxes_off + sizeof(int32_t) * PA_WS_BOXES * (size_t)parts[i].boxes0;
         if (st) break;
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
-        int64_t blocks = parts[i].nwork * kp->head_tiles / kp->head_span; /* (hw: 4 side by side) */
+        int64_t blocks = parts[i].nwork * kp->head_tiles / (kp->hw ? 4 : 1); /* (hw: four head tiles a block) */
         if (kp->persistent && blocks > kp->grid_cap) blocks = kp->grid_cap; /* each takes units until none are left */
         /* the short sequences of a split decode call (split_short) start
          * while the long ones' blocks end: launched programmatically after
