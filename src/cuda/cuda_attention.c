@@ -676,8 +676,8 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
 }
 
 /* Whether the short units' kernel may give each of its four warps a head
- * tile of its own (decode_mma hw=1): all four on the same keys a stage (8,
- * the rows of four tiles' 8 keys), each keeping its tile's softmax whole,
+ * tile of its own (decode_mma hw=1): all four on the same keys a stage (8
+ * or 16: a stage's rows are four tiles' keys), each keeping its tile's softmax whole,
  * so a unit (a work item's four head tiles) has no merge of the warps
  * through shared memory, and a short sequence streams 4 times the stages
  * per block start-up (kernels/NOTES.md, session 20). The head tiles come in
