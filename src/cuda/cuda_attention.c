@@ -687,13 +687,13 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
  * last wave (page 16, same process, 256 / 512 as
  * PAGEDATTN_DECODE_PERSIST_MIN_KEYS: 160 x 448 keys, 1.2 waves, 83.0 ->
  * 103.5-104.3 us; 192 x 384, 1.45 waves, 86 -> 91; 256 x 256, 1.94, 82.9
- * -> 75.0). PAGEDATTN_DECODE_HW=0: never; 2 (specs): wherever it fits, and
- * a decode call where it fits nowhere fails, so that a spec knows it tested
- * it. */
+ * -> 75.0); plan_part checks that, and that no item splits, once the work
+ * is planned. kp: the part's plan (its query and head tiles are the short
+ * kernel's). PAGEDATTN_DECODE_HW=0: never; 2 (specs): wherever it fits,
+ * and a decode call where it fits nowhere fails, so that a spec knows it
+ * tested it. */
 static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
-    const int rows = kp->q_tile * kp->gt;
-    return kp->short_kernel && kp->head_tiles % 4 == 0 && rows <= (p->rotary_cos != NULL ? 4 : 8) &&
-           env_int("PAGEDATTN_DECODE_HW", 1, 0, 2) >= 1;
+    return kp->head_tiles % 4 == 0 && kp->q_tile * kp->gt <= (p->rotary_cos != NULL ? 4 : 8);
 }
 
 /* Plans part `pt` (kind already set): its kernel, query tiles and work count. */
@@ -728,9 +728,14 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
      * The query tile is the same: ntiles stands. */
     const int64_t tiles = pt->ntiles * pt->kp.head_tiles;
     const bool short_units = tile_keys < pt->ntiles * (int64_t)min_keys;
+    /* short units: a warp a head tile where the tiles allow it (hw_fits) */
+    const int hw_mode = env_int("PAGEDATTN_DECODE_HW", 1, 0, 2);
+    const int64_t avg_keys = pt->ntiles > 0 && tile_keys >= pt->ntiles ? tile_keys / pt->ntiles : 1; /* (>= 1) */
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
         (pt->kp.persistent && !pt->kp.guided && (tiles <= pt->kp.grid_cap || short_units))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_units && pt->kp.persistent, 0, &pt->kp);
+        const bool short_kernel = short_units && pt->kp.persistent;
+        const bool hw = short_kernel && hw_mode >= 1 && hw_fits(p, &pt->kp);
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }
@@ -750,30 +755,16 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             pt->tiles[t++] = tr;
         }
     }
-    /* short units: a warp a head tile where the tiles allow it and no item
-     * splits (its plan's work list is the one kept), else the plan above */
-    bool planned = false;
-    if (pt->kp.short_kernel && hw_fits(p, &pt->kp)) {
-        kernel_plan hw;
-        memset(&hw, 0, sizeof hw); /* (as the parts' plans start) */
-        const int64_t avg_keys = pt->ntiles > 0 ? tile_keys / pt->ntiles : 0;
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, true, avg_keys > 0 ? avg_keys : 1, &hw);
+    pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
+    /* a warp a head tile only on unsplit items (a split, e.g. at the
+     * page-id cap, writes partials) and where its blocks fill two waves
+     * (hw_fits; HW=2 also below): else the short units' kernel without */
+    if (pt->kp.hw && (pt->part_rows > 0 || pt->claim ||
+                      (hw_mode < 2 && pt->nwork * pt->kp.head_tiles / 4 < 2 * (int64_t)pt->kp.capacity))) {
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, true, 0, &pt->kp);
         if (st) return st;
-        int64_t rows, counters;
-        bool claim;
-        const int64_t n = plan_work(p, &hw, pt->tiles, pt->ntiles, NULL, &rows, &counters, &claim);
-        /* (not where an item splits, e.g. at the page-id cap; two waves: hw_fits) */
-        const bool waves = n * hw.head_tiles / 4 >= 2 * (int64_t)hw.capacity ||
-                           env_int("PAGEDATTN_DECODE_HW", 1, 0, 2) == 2;
-        if (rows == 0 && !claim && waves) {
-            pt->kp = hw;
-            pt->nwork = n;
-            pt->ncounters = counters;
-            planned = true;
-        }
-    }
-    if (!planned)
         pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
+    }
     if (pt->kind == K_DECODE && pt->kp.claim_required && !pt->kp.persistent && !pt->claim)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_CLAIM=2 (specs), but this call's decode "
                        "blocks do not claim their keys (no split tile, or one too short for its splits)");
