@@ -277,8 +277,8 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s needs %d bytes of shared memory, "
                        "the device allows %d", variant, kp->smem, impl->smem_optin);
     int per_sm = 0;
-    CU_TRY(ctx, pa_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kp->fn, kp->threads,
-                                                                 (size_t)kp->smem));
+    st = pa_cuda_blocks_per_sm(ctx, m, kp->fn, kp->threads, kp->smem, &per_sm);
+    if (st) return st;
     if (per_sm < 1)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s cannot run on this device "
                        "(%d threads, %d bytes of shared memory)", variant, kp->threads, kp->smem);
@@ -305,23 +305,42 @@ typedef struct tile_range {
     int32_t b, i0, lo, hi;
 } tile_range;
 
+/* The pieces of c keys (c >= 1) that a range of len keys takes: at least
+ * one. The plan asks this of every query tile several times, so without a
+ * division where the range fits in one piece and in 32 bits otherwise (a
+ * 64-bit division takes 40-90 cycles on some x86 hosts: at 1024 short
+ * sequences the plan's divisions took ~70 of a call's ~130 us of host time
+ * on the H200 machine, kernels/NOTES.md session 21). */
+static inline int64_t pieces(int64_t len, int64_t c) {
+    if (len <= c) return 1;
+    if (((uint64_t)len | (uint64_t)c) <= UINT32_MAX) return (int64_t)(((uint32_t)len - 1u) / (uint32_t)c) + 1;
+    return (len - 1) / c + 1;
+}
+
+/* The split length that every query tile of a plan starts from: forced
+ * (PAGEDATTN_SPLIT_CHUNK) or the plan's auto_chunk, a multiple of the
+ * kernel's stage; 0 where it depends on the tile (no_split, num_splits). */
+static int64_t base_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64_t forced_chunk, int64_t auto_chunk) {
+    if (kp->no_split || (forced_chunk <= 0 && p->num_splits > 0)) return 0;
+    const int64_t c = ALIGN_UP(forced_chunk > 0 ? forced_chunk : auto_chunk, kp->tokens);
+    return c < 1 ? 1 : c;
+}
+
 /* A query tile's split length (the guided pieces aside), for a tile of len
  * keys: forced (PAGEDATTN_SPLIT_CHUNK), from the problem's num_splits, or
- * the plan's; a multiple of the kernel's stage, under the page-id cap. */
-static int64_t tile_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64_t len, int64_t forced_chunk,
-                          int64_t auto_chunk) {
+ * the plan's (base: base_chunk); a multiple of the kernel's stage, under
+ * the page-id cap. */
+static int64_t tile_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64_t len, int64_t base) {
+    if (base > 0 && (kp->max_chunk == 0 || base <= kp->max_chunk)) return base;
     int64_t chunk;
-    if (kp->no_split) {
-        chunk = len > 0 ? len : 1;
-    } else if (forced_chunk > 0) {
-        chunk = forced_chunk;
-    } else if (p->num_splits > 0) {
-        const int64_t want = p->num_splits < MAX_SPLITS ? p->num_splits : MAX_SPLITS;
-        chunk = (len + want - 1) / want;
+    if (base > 0) {
+        chunk = base;
+    } else if (kp->no_split) {
+        chunk = ALIGN_UP(len > 0 ? len : 1, kp->tokens);
     } else {
-        chunk = auto_chunk;
+        const int64_t want = p->num_splits < MAX_SPLITS ? p->num_splits : MAX_SPLITS;
+        chunk = ALIGN_UP((len + want - 1) / want, kp->tokens);
     }
-    chunk = ALIGN_UP(chunk, kp->tokens);
     if (kp->max_chunk > 0 && chunk > kp->max_chunk) {
         /* as many pieces as the page-id cap needs, of equal length (a
          * capped piece and a short rest left the blocks unequal work:
@@ -333,16 +352,24 @@ static int64_t tile_chunk(const pa_attn_problem *p, const kernel_plan *kp, int64
     return chunk < 1 ? 1 : chunk;
 }
 
-/* The work list: every query tile's key range cut into splits. Returns the
- * number of items (writes them when `items` is not NULL), and the partial rows
- * and arrival counters the splits need. *claim: whether the splits claim
- * their keys (kp->claim, and every split tile has kp->claim_stages stages
- * for each split): split s of a tile [lo, hi) is then the item
- * [lo + s * claim_stages stages, hi), whose block runs its static stages
- * and then claims stages from lo + nsplit * claim_stages stages on, with a
- * claim counter after the tile's arrival counters. */
-static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles,
-                         int64_t ntiles, pa_work *items, int64_t *part_rows, int64_t *ncounters, bool *claim) {
+/* How a part's query tiles are cut into work items (plan_rule), so that the
+ * list is written (plan_items) without deciding it again. */
+typedef struct work_rule {
+    int64_t base;       /* base_chunk */
+    bool guided;        /* guided pieces (gmin, gdiv; total_len x head tiles to cut) */
+    int64_t gmin, gdiv, guide_total;
+    bool claims;        /* the splits claim their keys (claim_keys static keys each) */
+    int64_t claim_keys;
+} work_rule;
+
+/* The rule of the work list: every query tile's key range cut into splits.
+ * Claims (r->claims): where kp->claim and every split tile has
+ * kp->claim_stages stages for each split; split s of a tile [lo, hi) is
+ * then the item [lo + s * claim_stages stages, hi), whose block runs its
+ * static stages and then claims stages from lo + nsplit * claim_stages
+ * stages on, with a claim counter after the tile's arrival counters. */
+static void plan_rule(const pa_attn_problem *p, const kernel_plan *kp, const tile_range *tiles, int64_t ntiles,
+                      work_rule *r) {
     /* Splits: when the tiles alone give fewer blocks than the GPU holds at
      * once, into about one wave of equal blocks; beyond a wave (decode only),
      * when splitting fills the last wave better (below). Each block pays a
@@ -370,7 +397,6 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     const int64_t gmin =
         ALIGN_UP(env_int("PAGEDATTN_DECODE_MIN_CHUNK", kp->persistent ? 512 : 256, 1, INT32_MAX), kp->tokens);
     const int64_t gdiv = (int64_t)env_int("PAGEDATTN_DECODE_GUIDE", 2, 1, 64) * kp->capacity;
-    int64_t guide_left = total_len * kp->head_tiles;
     if (!guided && p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
         ntiles * kp->head_tiles < kp->capacity) { /* (guided: the pieces below) */
         /* the shortest chunk whose blocks still fit the wave(s) */
@@ -378,10 +404,7 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
         for (int k = 2; k <= MAX_SPLITS; k++) {
             int64_t c = ALIGN_UP((max_len + k - 1) / k, kp->tokens);
             int64_t blocks = 0;
-            for (int64_t t = 0; t < ntiles; t++) {
-                const int64_t len = tiles[t].hi - tiles[t].lo;
-                blocks += (len > 0 ? (len + c - 1) / c : 1) * kp->head_tiles;
-            }
+            for (int64_t t = 0; t < ntiles; t++) blocks += pieces(tiles[t].hi - tiles[t].lo, c) * kp->head_tiles;
             if ((double)blocks > budget) break;
             auto_chunk = c;
             if (c <= kp->tokens) break;
@@ -398,11 +421,14 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
             const int64_t c = ALIGN_UP((max_len + k - 1) / k, kp->tokens);
             if (k > 1 && c >= prev_c) break; /* no shorter than k - 1 splits */
             prev_c = c;
+            /* k splits cost at least (blocks >= the keys / c) keys x head
+             * tiles / (c x capacity) waves of c + start-up, a bound that
+             * grows with k: once it reaches the best, no k does better, and
+             * many short tiles (whose splits only add waves) skip the passes */
+            const double keys_ht = (double)total_len * (double)kp->head_tiles;
+            if (best >= 0.0 && keys_ht * (double)(c + TAIL_STARTUP) / ((double)c * kp->capacity) >= best + 0.5) break;
             int64_t blocks = 0;
-            for (int64_t t = 0; t < ntiles; t++) {
-                const int64_t len = tiles[t].hi - tiles[t].lo;
-                blocks += (len > 0 ? (len + c - 1) / c : 1) * kp->head_tiles;
-            }
+            for (int64_t t = 0; t < ntiles; t++) blocks += pieces(tiles[t].hi - tiles[t].lo, c) * kp->head_tiles;
             const int64_t nwaves = (blocks + kp->capacity - 1) / kp->capacity;
             const double cost = (double)nwaves * (double)(c + TAIL_STARTUP);
             if (best < 0.0 || cost < best) {
@@ -420,16 +446,32 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
     /* (the static stages: the claims' lead; longer ones, 50-90 % of each
      * split, measured slower, kernels/NOTES.md session 17) */
     const int64_t claim_keys = (int64_t)kp->claim_stages * kp->tokens;
+    const int64_t base = base_chunk(p, kp, forced_chunk, auto_chunk);
     bool claims = kp->claim && !guided, any_split = false;
     for (int64_t t = 0; claims && t < ntiles; t++) {
         const int64_t len = tiles[t].hi - tiles[t].lo;
-        const int64_t chunk = tile_chunk(p, kp, len, forced_chunk, auto_chunk);
-        const int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
+        const int64_t ns = pieces(len, tile_chunk(p, kp, len, base));
         if (ns > 1) any_split = true;
         if (ns > 1 && (len < ns * claim_keys || len < ns * claim_min)) claims = false;
     }
-    claims = claims && any_split;
-    *claim = claims;
+    r->base = base;
+    r->guided = guided;
+    r->gmin = gmin;
+    r->gdiv = gdiv;
+    r->guide_total = total_len * kp->head_tiles;
+    r->claims = claims && any_split;
+    r->claim_keys = claim_keys;
+}
+
+/* The work list of rule r: returns the number of items (writes them when
+ * `items` is not NULL), and the partial rows and arrival counters the
+ * splits need. */
+static int64_t plan_items(const pa_attn_problem *p, const kernel_plan *kp, const work_rule *r,
+                          const tile_range *tiles, int64_t ntiles, pa_work *items, int64_t *part_rows,
+                          int64_t *ncounters) {
+    const int64_t base = r->base, gmin = r->gmin, gdiv = r->gdiv, claim_keys = r->claim_keys;
+    const bool guided = r->guided, claims = r->claims;
+    int64_t guide_left = r->guide_total;
     int64_t n = 0, counters = 0, rows = 0, first_item = 0;
     int32_t cur_b = -1, max_split_b = 1;
     for (int64_t t = 0; t <= ntiles; t++) {
@@ -445,8 +487,8 @@ static int64_t plan_work(const pa_attn_problem *p, const kernel_plan *kp, const 
             first_item = n;
         }
         const int64_t len = tiles[t].hi - tiles[t].lo;
-        const int64_t chunk = tile_chunk(p, kp, len, forced_chunk, auto_chunk);
-        int64_t ns = len > 0 ? (len + chunk - 1) / chunk : 1;
+        const int64_t chunk = tile_chunk(p, kp, len, base);
+        int64_t ns = pieces(len, chunk);
         const int64_t guide_at = guide_left;
         if (guided && len > 0) {
             ns = 0;
@@ -574,7 +616,8 @@ typedef struct attn_part {
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
-    bool claim;             /* its splits claim their keys (plan_work) */
+    work_rule rule;         /* how its tiles are cut (plan_rule) */
+    bool claim;             /* its splits claim their keys (rule.claims) */
     int32_t key_lo, key_hi; /* decode split by length: sequences of key_lo <= keys < key_hi (key_hi 0: any) */
     int64_t short_tiles;    /* query tiles of sequences under persist_min_keys() keys */
 } attn_part;
@@ -755,7 +798,9 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             pt->tiles[t++] = tr;
         }
     }
-    pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
+    plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
+    pt->claim = pt->rule.claims;
+    pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
     /* a warp a head tile only on unsplit items (a split, e.g. at the
      * page-id cap, writes partials) and where its blocks fill two waves
      * (hw_fits; HW=2 also below): else the short units' kernel without */
@@ -763,7 +808,9 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
                       (hw_mode < 2 && pt->nwork * pt->kp.head_tiles / 4 < 2 * (int64_t)pt->kp.capacity))) {
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, true, 0, &pt->kp);
         if (st) return st;
-        pt->nwork = plan_work(p, &pt->kp, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters, &pt->claim);
+        plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
+        pt->claim = pt->rule.claims;
+        pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
     }
     if (pt->kind == K_DECODE && pt->kp.claim_required && !pt->kp.persistent && !pt->claim)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_CLAIM=2 (specs), but this call's decode "
@@ -778,13 +825,12 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
  * with its partial rows and counters placed after the earlier parts'. */
 static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *items) {
     int64_t rows, counters;
-    bool claim;
-    plan_work(p, &pt->kp, pt->tiles, pt->ntiles, items, &rows, &counters, &claim);
+    plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, items, &rows, &counters);
     for (int64_t i = 0; i < pt->nwork; i++) {
         items[i].part_row += pt->rows0;
         items[i].counter += (int32_t)pt->counters0;
     }
-    if (claim && env_int("PAGEDATTN_DECODE_CLAIM_ORDER", 1, 0, 1) == 1) {
+    if (pt->claim && env_int("PAGEDATTN_DECODE_CLAIM_ORDER", 1, 0, 1) == 1) {
         /* split-major: the blocks that share a tile's claims launch a grid /
          * nsplit apart, not next to each other (likely on one GPC, whose
          * SMs stream alike: 8 x 32768 took 251.8-252.2 us so, 249.8-250.3
