@@ -277,8 +277,8 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s needs %d bytes of shared memory, "
                        "the device allows %d", variant, kp->smem, impl->smem_optin);
     int per_sm = 0;
-    st = pa_cuda_blocks_per_sm(ctx, m, kp->fn, kp->threads, kp->smem, &per_sm);
-    if (st) return st;
+    CU_TRY(ctx, pa_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kp->fn, kp->threads,
+                                                                 (size_t)kp->smem));
     if (per_sm < 1)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: kernel %s cannot run on this device "
                        "(%d threads, %d bytes of shared memory)", variant, kp->threads, kp->smem);

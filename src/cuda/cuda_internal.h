@@ -141,7 +141,6 @@ struct pa_kmodule {
     const char *func_names[PA_KMODULE_FUNCS];
     CUfunction funcs[PA_KMODULE_FUNCS];
     int smem_set[PA_KMODULE_FUNCS]; /* dynamic shared limit raised to */
-    int occ_threads[PA_KMODULE_FUNCS], occ_smem[PA_KMODULE_FUNCS], occ_blocks[PA_KMODULE_FUNCS]; /* last occupancy asked */
 };
 
 /* The module of a variant ("decode dtype=bf16 D=128 ..."), from memory, the
@@ -150,11 +149,6 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
 /* One of its kernels; raises its dynamic shared memory limit to smem_bytes. */
 pa_status pa_cuda_function(pa_context *ctx, cuda_impl *impl, pa_kmodule *m, const char *entry,
                            int smem_bytes, CUfunction *out);
-/* Blocks of `threads` threads and smem_bytes of dynamic shared memory that
- * one SM holds at once of module m's kernel fn (the driver's occupancy,
- * asked once per launch shape: ~1-2 us a query, and a plan asks each call). */
-pa_status pa_cuda_blocks_per_sm(pa_context *ctx, pa_kmodule *m, CUfunction fn, int threads, int smem_bytes,
-                                int *out);
 void pa_cuda_modules_free(cuda_impl *impl);
 
 /* ---- kernel_sources.c: the kernels/ sources, embedded at build time ---- */

@@ -728,25 +728,6 @@ pa_status pa_cuda_function(pa_context *ctx, cuda_impl *impl, pa_kmodule *m, cons
     return PA_OK;
 }
 
-pa_status pa_cuda_blocks_per_sm(pa_context *ctx, pa_kmodule *m, CUfunction fn, int threads, int smem_bytes,
-                                int *out) {
-    int i = 0;
-    while (i < m->nfuncs && m->funcs[i] != fn) i++;
-    if (i < m->nfuncs && m->occ_threads[i] == threads && m->occ_smem[i] == smem_bytes) {
-        *out = m->occ_blocks[i];
-        return PA_OK;
-    }
-    int n = 0;
-    CU_TRY(ctx, pa_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, (size_t)smem_bytes));
-    if (i < m->nfuncs) {
-        m->occ_threads[i] = threads;
-        m->occ_smem[i] = smem_bytes;
-        m->occ_blocks[i] = n;
-    }
-    *out = n;
-    return PA_OK;
-}
-
 void pa_cuda_modules_free(cuda_impl *impl) {
     pa_kmodule *m = impl->modules;
     while (m) {
