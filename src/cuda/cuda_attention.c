@@ -726,13 +726,14 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
  * per block start-up (kernels/NOTES.md, session 20). The head tiles come in
  * fours and the Q of four fit the kernel's 32 rows of Q: at most 8 rows a
  * tile, 4 where q is rotated in the call (an f32 q takes two rows a row).
- * Its blocks must fill two waves: fewer, longer blocks leave SMs idle in the
- * last wave (page 16, same process, 256 / 512 as
- * PAGEDATTN_DECODE_PERSIST_MIN_KEYS: 160 x 448 keys, 1.2 waves, 83.0 ->
- * 103.5-104.3 us; 192 x 384, 1.45 waves, 86 -> 91; 256 x 256, 1.94, 82.9
- * -> 75.0); plan_part checks that, and that no item splits, once the work
- * is planned. kp: the part's plan (its query and head tiles are the short
- * kernel's). PAGEDATTN_DECODE_HW=0: never; 2 (specs): wherever it fits,
+ * Its blocks must fill 1.5 waves (PAGEDATTN_DECODE_HW_MIN_WAVES): a
+ * partial second wave of these longer blocks leaves SMs idle (page 16, same
+ * process, against the plan without hw: 160 x 256 keys, 1.2 waves, 54.5 ->
+ * 62.4 us; 184 x 256, 1.4 waves, 63.0 -> 64.4; 200 x 256, 1.5 waves, 71.0
+ * -> 65.1; 256 x 256, 1.94 waves, 82.7 -> 74.8; kernels/NOTES.md, session
+ * 21); plan_part checks that, and that no item splits, once the work is
+ * planned. kp: the part's plan (its query and head tiles are the short
+ * kernel's, and the persistent blocks' too). PAGEDATTN_DECODE_HW=0: never; 2 (specs): wherever it fits,
  * and a decode call where it fits nowhere fails, so that a spec knows it
  * tested it. */
 static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
@@ -771,13 +772,22 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
      * The query tile is the same: ntiles stands. */
     const int64_t tiles = pt->ntiles * pt->kp.head_tiles;
     const bool short_units = tile_keys < pt->ntiles * (int64_t)min_keys;
-    /* short units: a warp a head tile where the tiles allow it (hw_fits) */
+    /* a warp a head tile (hw_fits) for short units and for units of fewer
+     * than PAGEDATTN_DECODE_HW_MAX_KEYS keys on average (default 512),
+     * where it beats the persistent blocks by 6-11 % (page 16, 256 x 256 -
+     * 1024 x 384 keys; kernels/NOTES.md, session 21); planned with the
+     * short units' kernel, one block per unit */
     const int hw_mode = env_int("PAGEDATTN_DECODE_HW", 1, 0, 2);
     const int64_t avg_keys = pt->ntiles > 0 && tile_keys >= pt->ntiles ? tile_keys / pt->ntiles : 1; /* (>= 1) */
+    const bool candidate = pt->kp.persistent && !pt->kp.guided;
+    const bool hw = candidate && hw_mode >= 1 &&
+                    (short_units || avg_keys < env_int("PAGEDATTN_DECODE_HW_MAX_KEYS", 512, 0, INT32_MAX)) &&
+                    hw_fits(p, &pt->kp);
+    /* without hw: persistent blocks where the units are not short and fill more than a wave */
+    const bool persist_kept = candidate && !short_units && tiles > pt->kp.grid_cap;
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
-        (pt->kp.persistent && !pt->kp.guided && (tiles <= pt->kp.grid_cap || short_units))) {
-        const bool short_kernel = short_units && pt->kp.persistent;
-        const bool hw = short_kernel && hw_mode >= 1 && hw_fits(p, &pt->kp);
+        (candidate && (tiles <= pt->kp.grid_cap || short_units || hw))) {
+        const bool short_kernel = candidate && (short_units || hw);
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
@@ -802,11 +812,15 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     pt->claim = pt->rule.claims;
     pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
     /* a warp a head tile only on unsplit items (a split, e.g. at the
-     * page-id cap, writes partials) and where its blocks fill two waves
-     * (hw_fits; HW=2 also below): else the short units' kernel without */
+     * page-id cap, writes partials) and where its blocks fill
+     * PAGEDATTN_DECODE_HW_MIN_WAVES hundredths of a wave (hw_fits; HW=2
+     * also below): else what the part runs without it, the short units'
+     * kernel or the persistent blocks (or one block per unit: few tiles) */
     if (pt->kp.hw && (pt->part_rows > 0 || pt->claim ||
-                      (hw_mode < 2 && pt->nwork * pt->kp.head_tiles / 4 < 2 * (int64_t)pt->kp.capacity))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, true, 0, &pt->kp);
+                      (hw_mode < 2 && pt->nwork * pt->kp.head_tiles / 4 * 100 <
+                                          env_int("PAGEDATTN_DECODE_HW_MIN_WAVES", 150, 0, 100000) *
+                                              (int64_t)pt->kp.capacity))) {
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, &pt->kp);
         if (st) return st;
         plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
         pt->claim = pt->rule.claims;
