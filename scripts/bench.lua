@@ -113,6 +113,15 @@ local function loop_calls(fn, iters)
   return (pa.clock() - t0) / iters
 end
 
+-- Untimed calls of `call` for `seconds` (default 0.15): freeing the last
+-- row's caches (tens of GB for the mixed batches) slows the GPU for tens of
+-- ms (a 16 x 4096 + 256 x 256 call right after a 32 x 4096 + 1024 x 128 row:
+-- 931-956 us timed against 152-154 before it; kernels/NOTES.md, session 21).
+local function steady(call, seconds)
+  local t0 = pa.clock()
+  repeat loop_calls(call, 5) until pa.clock() - t0 >= (seconds or 0.15)
+end
+
 -- Runs fn once per config of the environment variable `var` ("A=1,B=2|C=3"),
 -- with that config's variables set; fn gets the config's text.
 local function with_configs(var, fn)
@@ -222,6 +231,7 @@ end
 
 local function decode(wl, page, label)
   local call, bytes = decode_call(wl, page)
+  steady(call)
   local k, w = time_calls(call, iters)
   decode_row("decode " .. wl.name .. (label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
   call = nil
@@ -241,6 +251,7 @@ local function append(B, n, page, tag)
   local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
     rotary_interleaved = false }
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+  steady(call)
   local kt, w = time_calls(call, iters)
   decode_row(string.format("rotary append %dx%d tokens%s", B, n, tag or ""), layout(page),
     4 * B * n * HK * D * ESZ, kt, w, loop_calls(call, iters))
