@@ -309,8 +309,8 @@ typedef struct tile_range {
  * one. The plan asks this of every query tile several times, so without a
  * division where the range fits in one piece and in 32 bits otherwise (a
  * 64-bit division takes 40-90 cycles on some x86 hosts: at 1024 short
- * sequences the plan's divisions took ~70 of a call's ~130 us of host time
- * on the H200 machine, kernels/NOTES.md session 21). */
+ * sequences the passes over the tiles took ~90 of a call's ~150 us of host
+ * time on the H200 machine, mostly dividing; kernels/NOTES.md session 21). */
 static inline int64_t pieces(int64_t len, int64_t c) {
     if (len <= c) return 1;
     if (((uint64_t)len | (uint64_t)c) <= UINT32_MAX) return (int64_t)(((uint32_t)len - 1u) / (uint32_t)c) + 1;
@@ -733,9 +733,9 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
  * -> 65.1; 256 x 256, 1.94 waves, 82.7 -> 74.8; kernels/NOTES.md, session
  * 21); plan_part checks that, and that no item splits, once the work is
  * planned. kp: the part's plan (its query and head tiles are the short
- * kernel's, and the persistent blocks' too). PAGEDATTN_DECODE_HW=0: never; 2 (specs): wherever it fits,
- * and a decode call where it fits nowhere fails, so that a spec knows it
- * tested it. */
+ * kernel's, and the persistent blocks' too). PAGEDATTN_DECODE_HW=0: never;
+ * 2 (specs): wherever it fits, and a decode call where it fits nowhere
+ * fails, so that a spec knows it tested it. */
 static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
     return kp->head_tiles % 4 == 0 && kp->q_tile * kp->gt <= (p->rotary_cos != NULL ? 4 : 8);
 }
