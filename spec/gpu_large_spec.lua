@@ -186,10 +186,10 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
     mixed_decode("decode mixed lengths, few long", 640, 6, 8000, "f16")
   end)
 
-  -- Units of 256-511 keys: a warp a head tile where its blocks fill 1.5
-  -- waves (PAGEDATTN_DECODE_HW=2: a call that does not use it fails), and
-  -- the persistent blocks where they would not: 64 sequences, 128 blocks of
-  -- four head tiles on 264 slots (kernels/NOTES.md, session 21).
+  -- Units of 256-511 keys: a warp a head tile (PAGEDATTN_DECODE_HW=2: a call
+  -- that does not use it fails), and the persistent blocks where its blocks
+  -- would fill under half a wave: 64 sequences, 128 blocks of four head
+  -- tiles on 264 slots (kernels/NOTES.md, session 21).
   local function mid_decode(name, B, dtype, hw_env)
     local seed = H.seed(name)
     local rng = ref.rng(seed)
@@ -206,7 +206,7 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
   it("#gpu decode of 240 x 256-511 keys, bf16, page 16: a warp a head tile (PAGEDATTN_DECODE_HW=2)", function()
     mid_decode("decode 256-511 keys, hw", 240, "bf16", "2")
   end)
-  it("#gpu decode of 64 x 256-511 keys, f16, page 16: persistent blocks (warp-a-tile under 1.5 waves)", function()
+  it("#gpu decode of 64 x 256-511 keys, f16, page 16: persistent blocks (warp-a-tile under 0.5 waves)", function()
     mid_decode("decode 256-511 keys, persistent", 64, "f16", false)
   end)
 

@@ -726,18 +726,29 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
  * per block start-up (kernels/NOTES.md, session 20). The head tiles come in
  * fours and the Q of four fit the kernel's 32 rows of Q: at most 8 rows a
  * tile, 4 where q is rotated in the call (an f32 q takes two rows a row).
- * Its blocks must fill 1.5 waves (PAGEDATTN_DECODE_HW_MIN_WAVES): a
- * partial second wave of these longer blocks leaves SMs idle (page 16, same
- * process, against the plan without hw: 160 x 256 keys, 1.2 waves, 54.5 ->
- * 62.4 us; 184 x 256, 1.4 waves, 63.0 -> 64.4; 200 x 256, 1.5 waves, 71.0
- * -> 65.1; 256 x 256, 1.94 waves, 82.7 -> 74.8; kernels/NOTES.md, session
- * 21); plan_part checks that, and that no item splits, once the work is
- * planned. kp: the part's plan (its query and head tiles are the short
+ * Its blocks must fill enough of the GPU (hw_waves_ok); plan_part checks
+ * that, and that no item splits, once the work is planned. kp: the part's plan (its query and head tiles are the short
  * kernel's, and the persistent blocks' too). PAGEDATTN_DECODE_HW=0: never;
  * 2 (specs): wherever it fits, and a decode call where it fits nowhere
  * fails, so that a spec knows it tested it. */
 static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
     return kp->head_tiles % 4 == 0 && kp->q_tile * kp->gt <= (p->rotary_cos != NULL ? 4 : 8);
+}
+
+/* Whether `blocks` warp-a-tile blocks fill the GPU (`capacity` at once)
+ * well enough: at least PAGEDATTN_DECODE_HW_MIN_WAVES hundredths of a wave
+ * (default 50), and for units that are not short (the persistent blocks'
+ * otherwise) not a partial second wave, 1.0-1.5 waves (page 16, same
+ * process, without hw / with: short units, the short units' kernel, 100 x
+ * 64 keys at 0.5 waves 19.8 / 15.4 us, 200 x 64 at 1.0 33.0 / 28.1, 240 x
+ * 64 at 1.2 36.4 / 33.3, 180 x 192 at 1.4 54.2 / 51.2; longer units, the
+ * persistent blocks, 66 x 256 at 0.5 26.0 / 26.0, 100 x 256 at 0.76 42.1 /
+ * 33.3, 132 x 256 at 1.0 46.6 / 41.2, 160 x 256 at 1.2 54.5 / 62.4, 184 x
+ * 256 at 1.4 63.0 / 64.4, 180 x 320 at 1.4 73.4 / 76.8, 200 x 256 at 1.5
+ * 71.0 / 65.1; kernels/NOTES.md, session 21). */
+static bool hw_waves_ok(int64_t blocks, int capacity, bool short_units) {
+    const int64_t pct = blocks * 100 / (capacity > 0 ? capacity : 1);
+    return pct >= env_int("PAGEDATTN_DECODE_HW_MIN_WAVES", 50, 0, 100000) && (short_units || pct <= 100 || pct >= 150);
 }
 
 /* Plans part `pt` (kind already set): its kernel, query tiles and work count. */
@@ -812,14 +823,12 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     pt->claim = pt->rule.claims;
     pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
     /* a warp a head tile only on unsplit items (a split, e.g. at the
-     * page-id cap, writes partials) and where its blocks fill
-     * PAGEDATTN_DECODE_HW_MIN_WAVES hundredths of a wave (hw_fits; HW=2
-     * also below): else what the part runs without it, the short units'
-     * kernel or the persistent blocks (or one block per unit: few tiles) */
+     * page-id cap, writes partials) and where its blocks fill enough of the
+     * GPU (hw_waves_ok; HW=2 also where not): else what the part runs
+     * without it, the short units' kernel or the persistent blocks (or one
+     * block per unit: few tiles) */
     if (pt->kp.hw && (pt->part_rows > 0 || pt->claim ||
-                      (hw_mode < 2 && pt->nwork * pt->kp.head_tiles / 4 * 100 <
-                                          env_int("PAGEDATTN_DECODE_HW_MIN_WAVES", 150, 0, 100000) *
-                                              (int64_t)pt->kp.capacity))) {
+                      (hw_mode < 2 && !hw_waves_ok(pt->nwork * pt->kp.head_tiles / 4, pt->kp.capacity, short_units)))) {
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, &pt->kp);
         if (st) return st;
         plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
