@@ -113,7 +113,8 @@ local function loop_calls(fn, iters)
   return (pa.clock() - t0) / iters
 end
 
--- Untimed calls of `call` for `seconds` (default 0.15): freeing the last
+-- Untimed calls of `call` for `seconds` (default 0.15, before each row is
+-- timed; the settling before a table takes longer): freeing the last
 -- row's caches (tens of GB for the mixed batches) slows the GPU for tens of
 -- ms (a 16 x 4096 + 256 x 256 call right after a 32 x 4096 + 1024 x 128 row:
 -- 931-956 us timed against 152-154 before it; kernels/NOTES.md, session 21).
@@ -264,8 +265,7 @@ end
 -- device still settling after the sustained matmul.
 local function settle(wl, page, seconds)
   local call = decode_call(wl, page)
-  local t0 = pa.clock()
-  repeat loop_calls(call, 20) until pa.clock() - t0 >= seconds
+  steady(call, seconds)
   call = nil
   collectgarbage()
   collectgarbage()
@@ -348,8 +348,7 @@ local function prefill_time(wl, page, settle_s)
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
   local k, w
   if settle_s then
-    local t0 = pa.clock()
-    repeat loop_calls(call, 5) until pa.clock() - t0 >= settle_s
+    steady(call, settle_s)
   else
     k, w = time_calls(call, prefill_iters, prefill_budget)
   end

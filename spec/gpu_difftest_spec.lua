@@ -102,8 +102,8 @@ describe("#gpu CUDA against the float64 reference", function()
   -- warp: at most 8 rows a tile (GQA groups 1-8 and their query counts), 4
   -- where q is rotated in the call; head tiles in fours (4, 8 or 12 kv
   -- heads), every call (PERSIST_MIN_KEYS) unsplit (SPLIT_CHUNK); HW=2: also
-  -- where its blocks fill less than two waves, and a call that does not run
-  -- so fails.
+  -- where its blocks fill too little of the GPU (hw_waves_ok), and a call
+  -- that does not run so fails.
   for _, kpw in ipairs({ "8", "16" }) do
     it("#gpu decode, short units, a warp a head tile, " .. kpw .. " keys a warp (PAGEDATTN_DECODE_HW)", function()
       local env = { PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "100000", PAGEDATTN_SPLIT_CHUNK = "100000",

@@ -137,8 +137,8 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
     end)
     H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2" }, function() compare_decode(pr, "short and long") end)
     -- the short ones unsplit (SPLIT_CHUNK), each block's four warps on a
-    -- head tile of their own (HW=2: under two waves too; a call that does
-    -- not run so fails)
+    -- head tile of their own (HW=2: however few its blocks; a call that
+    -- does not run so fails)
     H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2", PAGEDATTN_DECODE_HW = "2", PAGEDATTN_SPLIT_CHUNK = "100000" },
       function() compare_decode(pr, "short and long, a warp a head tile") end)
   end)

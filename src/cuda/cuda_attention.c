@@ -616,8 +616,7 @@ typedef struct attn_part {
     int64_t work0, rows0, counters0; /* offsets in the call's work list, partial rows, counters */
     int64_t boxes0; /* its first item's first-tile box rows in the call's list of them; -1: none */
     int64_t pages0, npaged; /* decode_mma: its first items' first page ids (npaged items) in the call's list; -1: none */
-    work_rule rule;         /* how its tiles are cut (plan_rule) */
-    bool claim;             /* its splits claim their keys (rule.claims) */
+    work_rule rule;         /* how its tiles are cut (plan_rule; rule.claims: its splits claim their keys) */
     int32_t key_lo, key_hi; /* decode split by length: sequences of key_lo <= keys < key_hi (key_hi 0: any) */
     int64_t short_tiles;    /* query tiles of sequences under persist_min_keys() keys */
 } attn_part;
@@ -727,8 +726,9 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
  * fours and the Q of four fit the kernel's 32 rows of Q: at most 8 rows a
  * tile, 4 where q is rotated in the call (an f32 q takes two rows a row).
  * Its blocks must fill enough of the GPU (hw_waves_ok); plan_part checks
- * that, and that no item splits, once the work is planned. kp: the part's plan (its query and head tiles are the short
- * kernel's, and the persistent blocks' too). PAGEDATTN_DECODE_HW=0: never;
+ * that, and that no item splits, once the work is planned. kp: the part's
+ * plan (its query and head tiles are the short kernel's, and the persistent
+ * blocks' too). PAGEDATTN_DECODE_HW=0: never;
  * 2 (specs): wherever it fits, and a decode call where it fits nowhere
  * fails, so that a spec knows it tested it. */
 static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
@@ -749,6 +749,13 @@ static bool hw_fits(const pa_attn_problem *p, const kernel_plan *kp) {
 static bool hw_waves_ok(int64_t blocks, int capacity, bool short_units) {
     const int64_t pct = blocks * 100 / (capacity > 0 ? capacity : 1);
     return pct >= env_int("PAGEDATTN_DECODE_HW_MIN_WAVES", 50, 0, 100000) && (short_units || pct <= 100 || pct >= 150);
+}
+
+/* Part pt's work rule and its count of items, partial rows and counters,
+ * for its kernel plan and query tiles (the list: write_part). */
+static void plan_list(const pa_attn_problem *p, attn_part *pt) {
+    plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
+    pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
 }
 
 /* Plans part `pt` (kind already set): its kernel, query tiles and work count. */
@@ -819,23 +826,19 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             pt->tiles[t++] = tr;
         }
     }
-    plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
-    pt->claim = pt->rule.claims;
-    pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
+    plan_list(p, pt);
     /* a warp a head tile only on unsplit items (a split, e.g. at the
      * page-id cap, writes partials) and where its blocks fill enough of the
      * GPU (hw_waves_ok; HW=2 also where not): else what the part runs
      * without it, the short units' kernel or the persistent blocks (or one
      * block per unit: few tiles) */
-    if (pt->kp.hw && (pt->part_rows > 0 || pt->claim ||
+    if (pt->kp.hw && (pt->part_rows > 0 || pt->rule.claims ||
                       (hw_mode < 2 && !hw_waves_ok(pt->nwork * pt->kp.head_tiles / 4, pt->kp.capacity, short_units)))) {
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, &pt->kp);
         if (st) return st;
-        plan_rule(p, &pt->kp, pt->tiles, pt->ntiles, &pt->rule);
-        pt->claim = pt->rule.claims;
-        pt->nwork = plan_items(p, &pt->kp, &pt->rule, pt->tiles, pt->ntiles, NULL, &pt->part_rows, &pt->ncounters);
+        plan_list(p, pt);
     }
-    if (pt->kind == K_DECODE && pt->kp.claim_required && !pt->kp.persistent && !pt->claim)
+    if (pt->kind == K_DECODE && pt->kp.claim_required && !pt->kp.persistent && !pt->rule.claims)
         return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_CLAIM=2 (specs), but this call's decode "
                        "blocks do not claim their keys (no split tile, or one too short for its splits)");
     if (pt->nwork * pt->kp.head_tiles > INT32_MAX)
@@ -853,7 +856,7 @@ static void write_part(const pa_attn_problem *p, const attn_part *pt, pa_work *i
         items[i].part_row += pt->rows0;
         items[i].counter += (int32_t)pt->counters0;
     }
-    if (pt->claim && env_int("PAGEDATTN_DECODE_CLAIM_ORDER", 1, 0, 1) == 1) {
+    if (pt->rule.claims && env_int("PAGEDATTN_DECODE_CLAIM_ORDER", 1, 0, 1) == 1) {
         /* split-major: the blocks that share a tile's claims launch a grid /
          * nsplit apart, not next to each other (likely on one GPC, whose
          * SMs stream alike: 8 x 32768 took 251.8-252.2 us so, 249.8-250.3
@@ -1124,7 +1127,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.scale = p->scale;
         ap.softcap = p->softcap;
         ap.item_counter = (pa_i32)(kp->persistent ? parts[i].counters0 + parts[i].ncounters : 0);
-        ap.claim = parts[i].claim;
+        ap.claim = parts[i].rule.claims;
         if (parts[i].pages0 >= 0) {
             ap.first_pages = plan + pages_off + sizeof(int32_t) * PA_DECODE_FIRST_PAGES * (size_t)parts[i].pages0;
             ap.first_pages_items = (pa_i32)parts[i].npaged;
