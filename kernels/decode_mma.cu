@@ -45,7 +45,8 @@
  * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1), PA_MINB (blocks a SM
  * the registers must allow: 1, or more for short units, kernels/NOTES.md
  * session 19), PA_HW (0, 1: a warp a head tile; NQ * GT <= 8, <= 4 for a
- * rotated f32 q).
+ * rotated f32 q), PA_NW (warps a block: 4, or 8 with PA_PERSIST, one block
+ * a SM with twice the keys a stage; kernels/NOTES.md, session 22).
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -53,12 +54,12 @@
 
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_NQ) || !defined(PA_GT) || \
     !defined(PA_PAGE) || !defined(PA_STAGES) || !defined(PA_MAXP) || !defined(PA_KPW) || !defined(PA_PERSIST) || \
-    !defined(PA_MINB) || !defined(PA_HW)
-#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST, PA_MINB, PA_HW"
+    !defined(PA_MINB) || !defined(PA_HW) || !defined(PA_NW)
+#error "decode_mma.cu needs PA_DTYPE, PA_D, PA_NQ, PA_GT, PA_PAGE, PA_STAGES, PA_MAXP, PA_KPW, PA_PERSIST, PA_MINB, PA_HW, PA_NW"
 #endif
 
-#define NTHREADS 128
-#define NWARPS 4
+#define NWARPS PA_NW
+#define NTHREADS (32 * NWARPS)
 
 namespace {
 constexpr int D = PA_D;
@@ -102,6 +103,7 @@ static_assert(!HW || (!PERSIST && NWARPS * ROWS <= 32), "a warp a head tile: one
  * host then never passes) */
 constexpr int QROWS = HW && NWARPS * ROWS > 16 ? 32 : 16;
 static_assert(PA_STAGES >= 2, "pipeline depth");
+static_assert(NWARPS == 4 || (NWARPS == 8 && PERSIST), "warps a block: 4, or 8 for persistent blocks");
 static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
 constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next one without waiting */
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");

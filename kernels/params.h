@@ -83,7 +83,7 @@ typedef struct pa_attn_params {
      * host makes every split tile that long); 0: each split its own [k0, k1) */
     pa_i32 claim;
 } pa_attn_params;
-#define PA_DECODE_FIRST_PAGES 16 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages */
+#define PA_DECODE_FIRST_PAGES 32 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages, of 128 keys 24 or 25 */
 /* decode_mma's claims (at up to 4 pipeline stages): a split's static stages
  * (a run is claimed that many stages before it runs) and the stages a claim
  * takes */

@@ -44,20 +44,25 @@ if #variants == 0 then
         page, stages)
       for _, kpw in ipairs({ 8, 16 }) do
         variants[#variants + 1] = string.format(
-          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024 kpw=%d persist=0 minb=1 hw=0", page, stages, kpw)
+          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024 kpw=%d persist=0 minb=1 hw=0 nw=4",
+          page, stages, kpw)
       end
       -- short units (one block per unit, three blocks a SM; a warp a head
       -- tile or not; a warp a head tile at 16 keys a warp, two blocks a SM)
       if stages == 3 then
         for hw = 0, 1 do
           variants[#variants + 1] = string.format(
-            "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=%d", page, hw)
+            "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=%d nw=4",
+            page, hw)
         end
         variants[#variants + 1] = string.format(
-          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1", page)
+          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1 nw=4", page)
       end
-      variants[#variants + 1] = string.format(
-        "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=768 kpw=16 persist=1 minb=1 hw=0", page, stages)
+      for _, nw in ipairs({ 4, 8 }) do
+        variants[#variants + 1] = string.format(
+          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=%d",
+          page, stages, nw)
+      end
     end
   end
   -- Hopper prefill as the specs and the bench use it: f16/bf16, D 64/128/256,

@@ -68,13 +68,20 @@ describe("#gpu CUDA against the float64 reference", function()
   -- persistent decode blocks (the default at head dims 64 and 128), five of
   -- them taking every unit: guided pieces down to 64 keys (units shorter than
   -- 8 stages load the next one waiting), and whole key ranges (longer units
-  -- load the next one inside their stage loop)
+  -- load the next one inside their stage loop); blocks of four warps, and of
+  -- eight (PAGEDATTN_DECODE_WIDE=2: at any length; the default from 1024
+  -- keys a sequence)
   for _, cfg in ipairs({
-    { "short units", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64", PAGEDATTN_DECODE_GUIDE = "64" } },
+    { "short units", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64",
+      PAGEDATTN_DECODE_GUIDE = "64" } },
     { "whole ranges", {} },
+    { "short units, eight warps", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64",
+      PAGEDATTN_DECODE_GUIDE = "64", PAGEDATTN_DECODE_WIDE = "2" } },
+    { "whole ranges, eight warps", { PAGEDATTN_DECODE_WIDE = "2" } },
   }) do
     it("#gpu persistent decode: five blocks taking every unit, " .. cfg[1] .. ", every layout", function()
-      local env = { PAGEDATTN_DECODE_BLOCKS = "5", PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "0" }
+      local env = { PAGEDATTN_DECODE_BLOCKS = "5", PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "0",
+        PAGEDATTN_DECODE_WIDE = "0" }
       for k, v in pairs(cfg[2]) do env[k] = v end
       H.with_env(env, function()
         run_cases("gpu persistent decode " .. cfg[1], H.scale(30), function(rng)

@@ -106,11 +106,19 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
     assert_close("decode lse, " .. label, lg:to_table(), lc:to_table(), 1e-4, 1e-5)
   end
 
+  -- (persistent blocks, 320 units over 132 or 264 blocks: of four warps and
+  -- of eight, PAGEDATTN_DECODE_WIDE=2, where a call that cannot have them
+  -- fails; HW=0: units averaging under 512 keys could go to the warp-a-tile
+  -- blocks)
   it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()
     local pr = big_decode(H.seed("gpu memcheck decode"), 40, 64, 48, 1)
-    for _, splits in ipairs({ 0, 3 }) do
-      pr.g[4].num_splits, pr.c[4].num_splits = splits, splits
-      compare_decode(pr, "splits " .. splits)
+    for _, wide in ipairs({ "0", "2" }) do
+      H.with_env({ PAGEDATTN_DECODE_WIDE = wide, PAGEDATTN_DECODE_HW = "0" }, function()
+        for _, splits in ipairs({ 0, 3 }) do
+          pr.g[4].num_splits, pr.c[4].num_splits = splits, splits
+          compare_decode(pr, "splits " .. splits .. ", wide " .. wide)
+        end
+      end)
     end
   end)
 

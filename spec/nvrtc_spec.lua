@@ -59,6 +59,10 @@ describe("NVRTC kernel compilation", function()
       { "prefill_ws dtype=bf16 D=128 gt=4 page=8 stages=3 natural=0 tma=2", "tma=2 (page boxes)" },
       { "prefill_ws dtype=bf16 D=128 gt=4 page=contig stages=3 natural=0 tma=2", "tma=2 (page boxes)" },
       { "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=3", "tma=3" },
+      { "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=0 nw=8",
+        "nw=8 (eight warps a block) takes persist=1" },
+      { "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=6", "nw=6" },
+      { "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0", "nw= missing" },
       { "util extra=1", "unexpected" },
       { "matmul", "unknown kind" },
     }

@@ -60,6 +60,7 @@ typedef struct kernel_plan {
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
     bool short_kernel;  /* decode_mma for short units, one block per unit (plan_kernel's short_units) */
     bool hw;            /* decode_mma hw=1: a warp a head tile, a block four of them (plan_part) */
+    bool wide;          /* decode_mma nw=8: persistent blocks of eight warps, one a SM */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
@@ -104,13 +105,15 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * the stages a block (plan_part); hw_keys > 0: and each warp takes a head
  * tile of its own, the units averaging that many keys (plan_part, hw_fits). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
-                             int32_t max_q, bool allow_ws, bool short_units, int64_t hw_keys, kernel_plan *kp) {
+                             int32_t max_q, bool allow_ws, bool short_units, int64_t hw_keys, int64_t nseq,
+                             int64_t seq_keys, bool wide_ok, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     char variant[192], page[16];
     pa_kmodule *m;
     pa_status st;
     page_key(p, page, sizeof page);
     kp->hw = false;
+    kp->wide = false;
     if (kind == K_DECODE) {
         /* PAGEDATTN_DECODE_KERNEL=simt|mma forces a decode kernel (tests, benchmarks) */
         const char *force = getenv("PAGEDATTN_DECODE_KERNEL");
@@ -170,16 +173,49 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         kp->claim_stages = PA_DECODE_CLAIM_STATIC(stages);
         kp->claim_required = claim_env == 2;
         kp->hw = mma && short_units && hw_keys > 0;
-        if (mma)
-            snprintf(variant, sizeof variant,
-                     "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d minb=%d hw=%d",
-                     dtype_str(p->dtype), D, nq, gt, page, stages, persist ? 768 : 1024, kpw, persist ? 1 : 0,
-                     minb, kp->hw ? 1 : 0);
-        else
-            snprintf(variant, sizeof variant, "decode dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
-                     dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
-        st = pa_cuda_module(ctx, impl, variant, &m);
-        if (st) return st;
+        /* persistent blocks of eight warps, one a SM, 128 keys a stage (the
+         * same bytes in flight a SM as two blocks of four): a block runs a
+         * unit in half the time, so where each has few units their last ones
+         * end closer together. Where wide_ok (plan_part) and the nseq
+         * sequences average seq_keys >= PAGEDATTN_DECODE_WIDE_MIN_KEYS
+         * (default 1024: eight stages, the least that loads the next unit
+         * without waiting), in at most PAGEDATTN_DECODE_WIDE_MAX_UNITS units
+         * a SM (default 6). Page 16, same process, four warps / eight
+         * (kernels/NOTES.md, session 22): 64 x 4096 keys 246.5 / 245.4 us,
+         * 48 x 4096 194.7 / 188.3, 20 x 8192 190.5 / 167.0, 64 x 8192 484.7
+         * / 479.1, 96 x 4096 363.6 / 363.0; many units a block lose (256 x
+         * 1024, 15.5 a block: 250.1 / 251.1). Four where their shared memory
+         * does not fit (A100) or PAGEDATTN_DECODE_WIDE=0; 2 (specs): eight
+         * wherever wide_ok, and a call that cannot have them fails. */
+        const int wide = env_int("PAGEDATTN_DECODE_WIDE", 1, 0, 2);
+        const int64_t units = nseq * (p->kv_heads * (G / gt));
+        const int64_t max_units = (int64_t)env_int("PAGEDATTN_DECODE_WIDE_MAX_UNITS", 6, 0, 1 << 20) * impl->sm_count;
+        const bool wide_fits =
+            seq_keys >= env_int("PAGEDATTN_DECODE_WIDE_MIN_KEYS", 1024, 0, INT32_MAX) && units <= max_units;
+        int nw = persist && wide_ok && (wide == 2 || (wide == 1 && wide_fits)) ? 8 : 4;
+        for (;;) {
+            if (mma)
+                snprintf(variant, sizeof variant,
+                         "decode_mma dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d kpw=%d persist=%d minb=%d "
+                         "hw=%d nw=%d",
+                         dtype_str(p->dtype), D, nq, gt, page, stages, persist ? 768 : 1024, kpw, persist ? 1 : 0,
+                         minb, kp->hw ? 1 : 0, nw);
+            else
+                snprintf(variant, sizeof variant, "decode dtype=%s D=%d nq=%d gt=%d page=%s stages=%d maxp=%d",
+                         dtype_str(p->dtype), D, nq, gt, page, stages, 1024);
+            st = pa_cuda_module(ctx, impl, variant, &m);
+            if (st) return st;
+            if (nw == 8 && m->info[1] > impl->smem_optin) {
+                if (wide == 2)
+                    return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: PAGEDATTN_DECODE_WIDE=2 (specs), but kernel %s "
+                                   "needs %d bytes of shared memory, the device allows %d", variant, m->info[1],
+                                   impl->smem_optin);
+                nw = 4;
+                continue;
+            }
+            break;
+        }
+        kp->wide = nw == 8;
         kp->threads = m->info[0];
         kp->smem = m->info[1];
         kp->tokens = m->info[2];
@@ -762,10 +798,29 @@ static void plan_list(const pa_attn_problem *p, attn_part *pt) {
 static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kind_rules rules,
                            attn_part *pt) {
     int32_t max_q = 0;
+    int64_t nseq = 0, sum_keys = 0; /* (the part's average keys a sequence: plan_kernel's wide blocks) */
     for (int32_t b = 0; b < p->batch; b++)
-        if (in_part(p, rules, pt, b) && p->h_seqlen_q[b] > max_q) max_q = p->h_seqlen_q[b];
-    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, &pt->kp);
+        if (in_part(p, rules, pt, b)) {
+            if (p->h_seqlen_q[b] > max_q) max_q = p->h_seqlen_q[b];
+            nseq++;
+            sum_keys += p->h_seqlen_k[b];
+        }
+    const int64_t seq_keys = nseq > 0 ? sum_keys / nseq : 0;
+    /* (eight-warp persistent blocks, plan_kernel: not for the long
+     * sequences of a split call where they fill under two blocks a SM of
+     * four warps, which run one block per unit, since the short sequences'
+     * kernel starts in the room their ends leave and one such block a SM
+     * holds most of its shared memory: page 16, 32 x 4096 + 1024 x 128 keys
+     * 264.0 us with four warps, 268.7 with eight; 64 x 4096 + 512 x 64
+     * 294.4 / 290.2; kernels/NOTES.md, session 22) */
+    bool wide_ok = true;
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, wide_ok, &pt->kp);
     if (st) return st;
+    if (pt->kp.wide && pt->key_lo > 0 && nseq * pt->kp.head_tiles <= 2 * (int64_t)impl->sm_count) {
+        wide_ok = false;
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, wide_ok, &pt->kp);
+        if (st) return st;
+    }
     const int qt = pt->kp.q_tile;
     const int32_t min_keys = persist_min_keys();
     int64_t tile_keys = 0; /* keys of the query tiles (each its sequence's) */
@@ -806,7 +861,8 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
         (candidate && (tiles <= pt->kp.grid_cap || short_units || hw))) {
         const bool short_kernel = candidate && (short_units || hw);
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, &pt->kp);
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, nseq, seq_keys,
+                         wide_ok, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }
@@ -834,7 +890,8 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
      * block per unit: few tiles) */
     if (pt->kp.hw && (pt->part_rows > 0 || pt->rule.claims ||
                       (hw_mode < 2 && !hw_waves_ok(pt->nwork * pt->kp.head_tiles / 4, pt->kp.capacity, short_units)))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, &pt->kp);
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, nseq, seq_keys, wide_ok,
+                         &pt->kp);
         if (st) return st;
         plan_list(p, pt);
     }

@@ -23,21 +23,21 @@
 
 typedef struct kkind {
     const char *kind, *file, *info;
-    const char *keys[12];
+    const char *keys[16];
 } kkind;
 
 static const kkind kinds[] = {
     {"util", "util.cu", NULL, {NULL}},
     {"append", "append.cu", NULL, {"dtype", NULL}},
     {"decode", "decode.cu", "pa_decode_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", NULL}},
-    {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", "hw", NULL}},
+    {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", {"dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", "hw", "nw", NULL}},
     {"fallback", "fallback.cu", "pa_fallback_info", {"dtype", NULL}},
     {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
     {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
     {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", {"dtype", "D", "gt", "page", "stages", "natural", "tma", NULL}},
 };
 
-#define MAX_OPTS 12
+#define MAX_OPTS 16
 #define EXTRA_OPTS 16 /* $PAGEDATTN_NVRTC_OPTIONS */
 typedef struct kvariant {
     const kkind *kind;
@@ -79,6 +79,7 @@ static pa_status parse_value(pa_context *ctx, const char *variant, const char *k
     else if (strcmp(key, "tma") == 0) ok = v >= 0 && v <= 2;
     else if (strcmp(key, "persist") == 0) ok = v == 0 || v == 1;
     else if (strcmp(key, "hw") == 0) ok = v == 0 || v == 1;
+    else if (strcmp(key, "nw") == 0) ok = v == 4 || v == 8;
     else ok = false;
     if (!ok) goto bad;
     char upper[16];
@@ -106,7 +107,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
     if (!out->kind)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, prefill_wgmma, prefill_ws)", name);
-    const char *vals[12] = {0};
+    const char *vals[16] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {
         char *eq = strchr(tok, '=');
         int k = -1;
@@ -119,7 +120,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
             return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': unexpected '%s'", name, tok);
         vals[k] = eq + 1;
     }
-    long nq = 1, gt = 1, dtype = -1, dim = 0, kpw = 8, page = 0, tma = 0, persist = 0, hw = 0;
+    long nq = 1, gt = 1, dtype = -1, dim = 0, kpw = 8, page = 0, tma = 0, persist = 0, hw = 0, nw = 4;
     for (int i = 0; out->kind->keys[i]; i++) {
         const char *key = out->kind->keys[i];
         if (!vals[i])
@@ -138,6 +139,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(key, "tma") == 0) tma = v;
         if (strcmp(key, "persist") == 0) persist = v;
         if (strcmp(key, "hw") == 0) hw = v;
+        if (strcmp(key, "nw") == 0) nw = v;
     }
     if (tma == 2 && page < 16)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': tma=2 (page boxes) takes pages of 16 tokens or more",
@@ -159,6 +161,8 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
                        "nq * gt <= 8", name);
     if (mma && persist && kpw != 16)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': persist=1 takes kpw=16", name);
+    if (mma && nw == 8 && !persist)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': nw=8 (eight warps a block) takes persist=1", name);
     if (strcmp(out->kind->kind, "prefill") == 0 && (dtype == 0 || dim % 16 != 0))
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "kernel variant '%s': prefill takes f16 or bf16 and D a multiple of 16 up to 256", name);
@@ -192,24 +196,27 @@ static const char *const catalog[] = {
     "decode dtype=bf16 D=40 nq=4 gt=2 page=1 stages=3 maxp=1024",
     "decode dtype=bf16 D=8 nq=1 gt=1 page=8 stages=2 maxp=1024",
     "decode dtype=f32 D=64 nq=1 gt=1 page=any stages=4 maxp=1024",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=0",
-    "decode_mma dtype=f16 D=64 nq=4 gt=2 page=any stages=2 maxp=1024 kpw=16 persist=0 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0",
-    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=256 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=contig stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=f16 D=128 nq=1 gt=4 page=16 stages=4 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=0",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=1",
-    "decode_mma dtype=f16 D=64 nq=2 gt=2 page=any stages=4 maxp=1024 kpw=8 persist=0 minb=1 hw=1",
-    "decode_mma dtype=bf16 D=96 nq=4 gt=1 page=contig stages=2 maxp=1024 kpw=8 persist=0 minb=3 hw=1",
-    "decode_mma dtype=f16 D=128 nq=1 gt=1 page=1 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=1",
-    "decode_mma dtype=bf16 D=128 nq=1 gt=8 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=f16 D=64 nq=4 gt=2 page=any stages=2 maxp=1024 kpw=16 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=4",
+    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=8",
+    "decode_mma dtype=f16 D=64 nq=8 gt=2 page=any stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=8",
+    "decode_mma dtype=bf16 D=128 nq=2 gt=4 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=8",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=256 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=contig stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=f16 D=128 nq=1 gt=4 page=16 stages=4 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=64 nq=2 gt=8 page=any stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=f16 D=96 nq=8 gt=2 page=1 stages=2 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=32 nq=4 gt=1 page=8 stages=3 maxp=1024 kpw=8 persist=0 minb=1 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=0 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=1 nw=4",
+    "decode_mma dtype=f16 D=64 nq=2 gt=2 page=any stages=4 maxp=1024 kpw=8 persist=0 minb=1 hw=1 nw=4",
+    "decode_mma dtype=bf16 D=96 nq=4 gt=1 page=contig stages=2 maxp=1024 kpw=8 persist=0 minb=3 hw=1 nw=4",
+    "decode_mma dtype=f16 D=128 nq=1 gt=1 page=1 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=1 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=8 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1 nw=4",
     "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=256 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=contig stages=2 natural=0 minb=2",
