@@ -103,7 +103,9 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * them only when the query tiles fill the GPU). short_units (decode, one
  * block per unit): the units are short, so the blocks a SM count more than
  * the stages a block (plan_part); hw_keys > 0: and each warp takes a head
- * tile of its own, the units averaging that many keys (plan_part, hw_fits). */
+ * tile of its own, the units averaging that many keys (plan_part, hw_fits).
+ * nseq, seq_keys: the part's sequences and their average keys, which with
+ * wide_ok decide the persistent blocks' eight warps (below). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
                              int32_t max_q, bool allow_ws, bool short_units, int64_t hw_keys, int64_t nseq,
                              int64_t seq_keys, bool wide_ok, kernel_plan *kp) {
