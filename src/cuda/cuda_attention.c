@@ -60,7 +60,6 @@ typedef struct kernel_plan {
     bool persistent;    /* decode_mma persist=1: at most a resident wave of blocks takes the units from a counter */
     bool short_kernel;  /* decode_mma for short units, one block per unit (plan_kernel's short_units) */
     bool hw;            /* decode_mma hw=1: a warp a head tile, a block four of them (plan_part) */
-    bool wide;          /* decode_mma nw=8: persistent blocks of eight warps, one a SM */
     bool guided;        /* decode: key ranges cut into pieces that shrink towards the end of the list */
     bool first_pages;   /* decode_mma of a paged cache: the work items' first page ids listed (PA_DECODE_FIRST_PAGES) */
     bool claim;         /* decode_mma, one block per unit: splits may claim their tile's keys (plan_work) */
@@ -105,17 +104,17 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * the stages a block (plan_part); hw_keys > 0: and each warp takes a head
  * tile of its own, the units averaging that many keys (plan_part, hw_fits).
  * nseq, seq_keys: the part's sequences and their average keys, which with
- * wide_ok decide the persistent blocks' eight warps (below). */
+ * split_long (the long sequences of a split call, plan_part) decide the
+ * persistent blocks' eight warps (below). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
                              int32_t max_q, bool allow_ws, bool short_units, int64_t hw_keys, int64_t nseq,
-                             int64_t seq_keys, bool wide_ok, kernel_plan *kp) {
+                             int64_t seq_keys, bool split_long, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     char variant[192], page[16];
     pa_kmodule *m;
     pa_status st;
     page_key(p, page, sizeof page);
     kp->hw = false;
-    kp->wide = false;
     if (kind == K_DECODE) {
         /* PAGEDATTN_DECODE_KERNEL=simt|mma forces a decode kernel (tests, benchmarks) */
         const char *force = getenv("PAGEDATTN_DECODE_KERNEL");
@@ -178,23 +177,34 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         /* persistent blocks of eight warps, one a SM, 128 keys a stage (the
          * same bytes in flight a SM as two blocks of four): a block runs a
          * unit in half the time, so where each has few units their last ones
-         * end closer together. Where wide_ok (plan_part) and the nseq
-         * sequences average seq_keys >= PAGEDATTN_DECODE_WIDE_MIN_KEYS
-         * (default 1024: eight stages, the least that loads the next unit
-         * without waiting), in at most PAGEDATTN_DECODE_WIDE_MAX_UNITS units
-         * a SM (default 6). Page 16, same process, four warps / eight
-         * (kernels/NOTES.md, session 22): 64 x 4096 keys 246.5 / 245.4 us,
-         * 48 x 4096 194.7 / 188.3, 20 x 8192 190.5 / 167.0, 64 x 8192 484.7
-         * / 479.1, 96 x 4096 363.6 / 363.0; many units a block lose (256 x
-         * 1024, 15.5 a block: 250.1 / 251.1). Four where their shared memory
-         * does not fit (A100) or PAGEDATTN_DECODE_WIDE=0; 2 (specs): eight
-         * wherever wide_ok, and a call that cannot have them fails. */
-        const int wide = env_int("PAGEDATTN_DECODE_WIDE", 1, 0, 2);
-        const int64_t units = nseq * (p->kv_heads * (G / gt));
-        const int64_t max_units = (int64_t)env_int("PAGEDATTN_DECODE_WIDE_MAX_UNITS", 6, 0, 1 << 20) * impl->sm_count;
-        const bool wide_fits =
-            seq_keys >= env_int("PAGEDATTN_DECODE_WIDE_MIN_KEYS", 1024, 0, INT32_MAX) && units <= max_units;
-        int nw = persist && wide_ok && (wide == 2 || (wide == 1 && wide_fits)) ? 8 : 4;
+         * end closer together. Where the nseq sequences (a query tile each)
+         * average seq_keys >= PAGEDATTN_DECODE_WIDE_MIN_KEYS (default 1024:
+         * eight stages, the least that loads the next unit without waiting),
+         * in at most PAGEDATTN_DECODE_WIDE_MAX_UNITS units a SM (default 6).
+         * Page 16, same process, four warps / eight (kernels/NOTES.md,
+         * session 22): 64 x 4096 keys 246.5 / 245.4 us, 48 x 4096 194.7 /
+         * 188.3, 20 x 8192 190.5 / 167.0, 64 x 8192 484.7 / 479.1, 96 x 4096
+         * 363.6 / 363.0; many units a block lose (256 x 1024, 15.5 a block:
+         * 250.1 / 251.1). Never for the long sequences of a split call whose
+         * units fill under two blocks of four a SM (those run one block a
+         * unit): the short sequences' kernel starts in the room their ends
+         * leave, and one block of eight a SM holds most of its shared memory
+         * (32 x 4096 + 1024 x 128 keys 264.0 / 268.7; 64 x 4096 + 512 x 64,
+         * more units, 294.4 / 290.2). Four where their shared memory does
+         * not fit (A100) or PAGEDATTN_DECODE_WIDE=0; 2 (specs): eight at any
+         * length and count (the split case aside), and a call that cannot
+         * have them fails. */
+        const int head_tiles = p->kv_heads * (G / gt);
+        const int64_t units = nseq * head_tiles;
+        int nw = 4, wide = 0;
+        if (persist && !(split_long && units <= 2 * (int64_t)impl->sm_count)) {
+            wide = env_int("PAGEDATTN_DECODE_WIDE", 1, 0, 2);
+            const int64_t max_units =
+                (int64_t)env_int("PAGEDATTN_DECODE_WIDE_MAX_UNITS", 6, 0, 1 << 20) * impl->sm_count;
+            if (wide == 2 || (wide == 1 && seq_keys >= env_int("PAGEDATTN_DECODE_WIDE_MIN_KEYS", 1024, 0, INT32_MAX) &&
+                              units <= max_units))
+                nw = 8;
+        }
         for (;;) {
             if (mma)
                 snprintf(variant, sizeof variant,
@@ -217,7 +227,6 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
             }
             break;
         }
-        kp->wide = nw == 8;
         kp->threads = m->info[0];
         kp->smem = m->info[1];
         kp->tokens = m->info[2];
@@ -231,7 +240,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         }
         kp->gt = gt;
         kp->q_tile = nq;
-        kp->head_tiles = p->kv_heads * (G / gt);
+        kp->head_tiles = head_tiles;
         st = pa_cuda_function(ctx, impl, m, mma ? "pa_decode_mma" : "pa_decode", kp->smem, &kp->fn);
     } else if (kind == K_PREFILL) {
         /* the heads of a GQA group share a tile (up to 16 of them) */
@@ -808,21 +817,9 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             sum_keys += p->h_seqlen_k[b];
         }
     const int64_t seq_keys = nseq > 0 ? sum_keys / nseq : 0;
-    /* (eight-warp persistent blocks, plan_kernel: not for the long
-     * sequences of a split call where they fill under two blocks a SM of
-     * four warps, which run one block per unit, since the short sequences'
-     * kernel starts in the room their ends leave and one such block a SM
-     * holds most of its shared memory: page 16, 32 x 4096 + 1024 x 128 keys
-     * 264.0 us with four warps, 268.7 with eight; 64 x 4096 + 512 x 64
-     * 294.4 / 290.2; kernels/NOTES.md, session 22) */
-    bool wide_ok = true;
-    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, wide_ok, &pt->kp);
+    const bool split_long = pt->key_lo > 0; /* (the long sequences of a split call: plan_kernel) */
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, split_long, &pt->kp);
     if (st) return st;
-    if (pt->kp.wide && pt->key_lo > 0 && nseq * pt->kp.head_tiles <= 2 * (int64_t)impl->sm_count) {
-        wide_ok = false;
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, wide_ok, &pt->kp);
-        if (st) return st;
-    }
     const int qt = pt->kp.q_tile;
     const int32_t min_keys = persist_min_keys();
     int64_t tile_keys = 0; /* keys of the query tiles (each its sequence's) */
@@ -864,7 +861,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
         (candidate && (tiles <= pt->kp.grid_cap || short_units || hw))) {
         const bool short_kernel = candidate && (short_units || hw);
         st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, nseq, seq_keys,
-                         wide_ok, &pt->kp);
+                         split_long, &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }
@@ -892,7 +889,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
      * block per unit: few tiles) */
     if (pt->kp.hw && (pt->part_rows > 0 || pt->rule.claims ||
                       (hw_mode < 2 && !hw_waves_ok(pt->nwork * pt->kp.head_tiles / 4, pt->kp.capacity, short_units)))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, nseq, seq_keys, wide_ok,
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, nseq, seq_keys, split_long,
                          &pt->kp);
         if (st) return st;
         plan_list(p, pt);
