@@ -69,8 +69,8 @@ describe("#gpu CUDA against the float64 reference", function()
   -- them taking every unit: guided pieces down to 64 keys (units shorter than
   -- 8 stages load the next one waiting), and whole key ranges (longer units
   -- load the next one inside their stage loop); blocks of four warps, and of
-  -- eight (PAGEDATTN_DECODE_WIDE=2: at any length; the default from 1024
-  -- keys a sequence)
+  -- eight (PAGEDATTN_DECODE_WIDE=2: every persistent plan, at any length;
+  -- the default from 1024 keys a sequence)
   for _, cfg in ipairs({
     { "short units", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64",
       PAGEDATTN_DECODE_GUIDE = "64" } },

@@ -107,8 +107,8 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
   end
 
   -- (persistent blocks, 320 units over 132 or 264 blocks: of four warps and
-  -- of eight, PAGEDATTN_DECODE_WIDE=2, where a call that cannot have them
-  -- fails; HW=0: units averaging under 512 keys could go to the warp-a-tile
+  -- of eight, PAGEDATTN_DECODE_WIDE=2, which gives every persistent plan
+  -- eight; HW=0: units averaging under 512 keys could go to the warp-a-tile
   -- blocks)
   it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()
     local pr = big_decode(H.seed("gpu memcheck decode"), 40, 64, 48, 1)
