@@ -120,6 +120,14 @@ static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 constexpr int CS = PA_DECODE_CLAIM_STATIC(PA_STAGES), CRUN = PA_DECODE_CLAIM_RUN, CR = CS;
 static_assert(CS - 2 * PA_STAGES == CRUN, "a claim's result is read where the next claim is taken");
 constexpr bool CAN_CLAIM = !PERSIST && !HW && PA_STAGES <= PA_DECODE_CLAIM_MAX_STAGES;
+/* Rows 8-15 of the MMA tiles (each lane's second row, g + 8) are padding
+ * where a tile has 8 rows or fewer (decode's 4 query heads a kv head; HW:
+ * each warp's tile): the softmax leaves them out, half of its work per
+ * stage (their P 0, their o and l 0 and m -inf, never read). The blocks
+ * that end last run on alone, at the pace of their stages' arithmetic:
+ * 256 x 1024 keys 254.3 -> 252.0 us, 128 x 2048 251.1 -> 248.6 (page 16;
+ * kernels/NOTES.md, session 23) */
+constexpr bool LOWER = ROWS <= 8;
 /* page ids a stage of T keys spans (from any key) */
 constexpr int PPS = PA_PAGE == -1 ? 1 : PA_PAGE > 0 ? (T - 1) / PA_PAGE + 2 : T + 1;
 } // namespace
@@ -537,7 +545,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
+                for (int i = 0; i < (LOWER ? 2 : 4); i++) {
                     const int tok = kb + n * 8 + 2 * t4 + (i & 1);
                     const bool upper = i >= 2;
                     float x = (s[n][i] + s2[n][i]) * qk_scale;
@@ -554,10 +562,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 }
             }
             mx0 = pa_quad_max(mx0);
-            mx1 = pa_quad_max(mx1);
+            if (!LOWER) mx1 = pa_quad_max(mx1);
             /* new maxima: rescale what is accumulated (rarely, once the max settles) */
             const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
-            const float alpha1 = mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
+            const float alpha1 = LOWER || mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
             m0 = mx0;
             m1 = mx1;
             if (__any_sync(0xffffffffu, alpha0 != 1.f || alpha1 != 1.f)) {
@@ -567,8 +575,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int n = 0; n < D / 8; n++) {
                     o[n][0] *= alpha0;
                     o[n][1] *= alpha0;
-                    o[n][2] *= alpha1;
-                    o[n][3] *= alpha1;
+                    if (!LOWER) {
+                        o[n][2] *= alpha1;
+                        o[n][3] *= alpha1;
+                    }
                 }
             }
             /* P (input type) as the A operand of the P V product */
@@ -577,8 +587,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             for (int n = 0; n < NT; n++) {
                 const float p0 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][0] - mx0);
                 const float p1 = mx0 == -PA_INF ? 0.f : pa_exp2(s[n][1] - mx0);
-                const float p2 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][2] - mx1);
-                const float p3 = mx1 == -PA_INF ? 0.f : pa_exp2(s[n][3] - mx1);
+                const float p2 = LOWER || mx1 == -PA_INF ? 0.f : pa_exp2(s[n][2] - mx1);
+                const float p3 = LOWER || mx1 == -PA_INF ? 0.f : pa_exp2(s[n][3] - mx1);
                 l0 += p0 + p1;
                 l1 += p2 + p3;
                 pa[2 * n] = pack2(p0, p1);
