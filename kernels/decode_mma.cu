@@ -125,7 +125,7 @@ constexpr bool CAN_CLAIM = !PERSIST && !HW && PA_STAGES <= PA_DECODE_CLAIM_MAX_S
  * each warp's tile): the softmax leaves them out, half of its work per
  * stage (their P 0, their o and l 0 and m -inf, never read). The blocks
  * that end last run on alone, at the pace of their stages' arithmetic:
- * 256 x 1024 keys 254.3 -> 252.0 us, 128 x 2048 251.1 -> 248.6 (page 16;
+ * 256 x 1024 keys 254.3 -> 252.0 us, 128 x 2048 251.0 -> 248.6 (page 16;
  * kernels/NOTES.md, session 23) */
 constexpr bool LOWER = ROWS <= 8;
 /* page ids a stage of T keys spans (from any key) */
