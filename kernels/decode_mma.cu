@@ -105,7 +105,19 @@ constexpr int QROWS = HW && NWARPS * ROWS > 16 ? 32 : 16;
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(NWARPS == 4 || (NWARPS == 8 && PERSIST), "warps a block: 4, or 8 for persistent blocks");
 static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
-constexpr int PREP_STAGES = PA_STAGES + 5; /* a unit this long loads the next one without waiting */
+/* a unit this long loads the next one without waiting: its counter at stage
+ * pst, its work item by cp.async at pst + 1 (landed STAGES - 1 stages later,
+ * where the rest is asked for), its page ids STAGES - 1 more, in time for the
+ * row offsets, which reach the next unit at stage nst - STAGES */
+constexpr int PREP_STAGES = 3 * PA_STAGES - 1;
+/* LATE: a stage's copies (of the stage STAGES - 1 ahead) go out after its
+ * arithmetic, not before it. A block of four warps that runs on alone near
+ * the end waits on each stage's chain of shared-memory loads, MMAs and
+ * shuffles, which the copies' issue then no longer precedes (1 GB calls
+ * 1-2 us faster). Eight warps (two a scheduler) and the short units of a
+ * warp a head tile, whose blocks run a few stages each, lose by it
+ * (kernels/NOTES.md, session 24). */
+constexpr bool LATE = !HW && NWARPS == 4;
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 /* Claimed stages (p.claim, one block per unit; kernels/NOTES.md, session
@@ -477,9 +489,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                  * taken early is one another block could have taken): from
                  * stage pst = nst - PREP_STAGES, the counter (its result used a
                  * stage later), the work item by cp.async (in this stage's
-                 * group: landed two stages later), then page ids, Q and rows,
-                 * landed by stage pst + 5, where the row offsets reach the next
-                 * unit (stage nst - STAGES) */
+                 * group: landed STAGES - 1 stages later), then page ids, Q and
+                 * rows, landed by stage pst + 2 STAGES - 1, where the row
+                 * offsets reach the next unit (stage nst - STAGES) */
                 const int pst = nst - PREP_STAGES;
                 if (st == pst && tid == 0) fetched = fetch_unit();
                 if (st == pst + 1 && tid == 0) {
@@ -493,13 +505,18 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     }
                 }
                 if (st == pst + 2 && s_unit[j ^ 1] < 0) pa_launch_dependents(); /* the block's last unit */
-                if (st == pst + 3) load_rest(j ^ 1, !p.q_f32, true);
+                if (st == pst + PA_STAGES) load_rest(j ^ 1, !p.q_f32, true);
             }
-            /* (past the unit's end, PERSIST copies the next unit's rows, and
-             * else there is nothing to copy) */
-            if (PERSIST || st + PA_STAGES - 1 < nst) issue(G + PA_STAGES - 1);
-            pa_cp_async_commit();
-            if (PERSIST || st + PA_STAGES < nst) row_offsets(G + PA_STAGES);
+            /* The copies of stage G + STAGES - 1 into the buffer stage G - 1
+             * left (free since the barrier above), and the row offsets of
+             * the stage after. (Past the unit's end, PERSIST copies the next
+             * unit's rows, and else there is nothing to copy.) */
+            auto copies_ahead = [&]() {
+                if (PERSIST || st + PA_STAGES - 1 < nst) issue(G + PA_STAGES - 1);
+                pa_cp_async_commit();
+                if (PERSIST || st + PA_STAGES < nst) row_offsets(G + PA_STAGES);
+            };
+            if (!LATE) copies_ahead();
 
             const u8 *sk = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
             const u8 *sv = sk + R * RSTRIDE;
@@ -617,6 +634,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     mma16816(o[2 * dq + 1], a, b[2], b[3]);
                 }
             }
+            if (LATE) copies_ahead();
         }
         if constexpr (HW) {
             /* 4. (HW) out and lse straight from this warp's fragments: its
