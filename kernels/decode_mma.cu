@@ -120,8 +120,8 @@ constexpr int PREP_STAGES = 3 * PA_STAGES - 1;
 constexpr bool LATE = !HW && NWARPS == 4;
 /* VPRE: the persistent kernel of four warps loads a stage's V fragments
  * right after Q K^T, before the softmax (32 more registers: 206 -> 232);
- * the same lone-block chain, 1 us shorter a call at 256 x 1024 and 128 x
- * 2048 keys, no change elsewhere (kernels/NOTES.md, session 24) */
+ * the same lone-block chain, 0.7-1.1 us shorter a call at 256 x 1024 and
+ * 128 x 2048 keys, no change elsewhere (kernels/NOTES.md, session 24) */
 constexpr bool VPRE = PERSIST && NWARPS == 4 && NT == 2;
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
@@ -534,8 +534,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                 for (int i = 0; i < 4; i++) s[n][i] = s2[n][i] = 0.f;
             if constexpr (VPRE) {
-                /* (every K fragment first, then the MMAs: the same code as
-                 * below where V's are not loaded early) */
+                /* (every K fragment first, then the MMAs; where V's loads
+                 * are not early, ptxas makes the same code of the loop below) */
                 u32 kf[D / 32][NT][4];
 #pragma unroll
                 for (int kk = 0; kk < D / 32; kk++)
@@ -660,8 +660,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const u32 a[4] = {pa[0], pa[1], pa[NT > 1 ? 2 : 0], pa[NT > 1 ? 3 : 1]};
 #pragma unroll
                 for (int dq = 0; dq < D / 16; dq++) {
-                    u32 b[4] = {vf[VPRE ? dq : 0][0], vf[VPRE ? dq : 0][1], vf[VPRE ? dq : 0][2], vf[VPRE ? dq : 0][3]};
-                    if constexpr (!VPRE) ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
+                    u32 b[4];
+                    if constexpr (VPRE) {
+                        b[0] = vf[VPRE ? dq : 0][0];
+                        b[1] = vf[VPRE ? dq : 0][1];
+                        b[2] = vf[VPRE ? dq : 0][2];
+                        b[3] = vf[VPRE ? dq : 0][3];
+                    } else {
+                        ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
+                    }
                     mma16816(o[2 * dq], a, b[0], b[1]);
                     mma16816(o[2 * dq + 1], a, b[2], b[3]);
                 }
