@@ -534,8 +534,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                 for (int i = 0; i < 4; i++) s[n][i] = s2[n][i] = 0.f;
             if constexpr (VPRE) {
-                /* (every K fragment first, then the MMAs; where V's loads
-                 * are not early, ptxas makes the same code of the loop below) */
+                /* (every K fragment first, then the MMAs: the form measured
+                 * with V's loads early; elsewhere the loop below, whose code
+                 * ptxas makes differently in this form for a warp a head tile) */
                 u32 kf[D / 32][NT][4];
 #pragma unroll
                 for (int kk = 0; kk < D / 32; kk++)
@@ -562,8 +563,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 }
             }
             /* VPRE: V's fragments before the softmax, so that they are there
-             * when P is (the loads need no result of it) */
-            u32 vf[VPRE ? D / 16 : 1][4];
+             * when P is (the loads need no result of it; unused elsewhere) */
+            u32 vf[D / 16][4];
             if constexpr (VPRE) {
                 const int vr = kr + 8 * (kc & 1);
 #pragma unroll
@@ -662,10 +663,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int dq = 0; dq < D / 16; dq++) {
                     u32 b[4];
                     if constexpr (VPRE) {
-                        b[0] = vf[VPRE ? dq : 0][0];
-                        b[1] = vf[VPRE ? dq : 0][1];
-                        b[2] = vf[VPRE ? dq : 0][2];
-                        b[3] = vf[VPRE ? dq : 0][3];
+                        b[0] = vf[dq][0];
+                        b[1] = vf[dq][1];
+                        b[2] = vf[dq][2];
+                        b[3] = vf[dq][3];
                     } else {
                         ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
                     }
