@@ -16,7 +16,9 @@
  *   - a split tile's counters follow the previous ones (twice as many with
  *     claims), and the total is the plan's;
  *   - a sequence with a split tile has partial rows for its widest split,
- *     placed after the previous such sequences; the total is the plan's.
+ *     placed after the previous such sequences; the total is the plan's;
+ *   - write_part's list (claiming splits reordered split-major) holds the
+ *     same items as plan_items', each once.
  * Usage: planner_check SEED PROBLEMS. Prints "N problems, M items: ok", or
  * the first violation (and exits 1).
  */
@@ -30,6 +32,15 @@ static uint64_t rnd(void) {
     return rs;
 }
 static int64_t ri(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+
+/* (an order of work items, to compare two lists as sets) */
+static int by_item(const void *a, const void *b) {
+    const pa_work *x = a, *y = b;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    if (x->i0 != y->i0) return x->i0 < y->i0 ? -1 : 1;
+    if (x->split != y->split) return x->split < y->split ? -1 : 1;
+    return memcmp(x, y, sizeof *x);
+}
 
 static int problem;
 #define CHECK(cond, ...)                                                     \
@@ -162,6 +173,22 @@ int main(int argc, char **argv) {
         CHECK(i == n, "%lld items past the last tile", (long long)(n - i));
         CHECK(next_counter == counters, "counters %lld, want %lld", (long long)counters, (long long)next_counter);
         CHECK(next_row == rows, "partial rows %lld, want %lld", (long long)rows, (long long)next_row);
+        /* write_part: the same items (a permutation) */
+        attn_part pt;
+        memset(&pt, 0, sizeof pt);
+        pt.kp = kp;
+        pt.rule = r;
+        pt.tiles = tiles;
+        pt.ntiles = ntiles;
+        pt.nwork = n;
+        pa_work *order = calloc((size_t)n + 1, sizeof *order), *sorted = calloc((size_t)n + 1, sizeof *sorted);
+        write_part(&p, &pt, order);
+        memcpy(sorted, items, sizeof *items * (size_t)n);
+        qsort(sorted, (size_t)n, sizeof *sorted, by_item);
+        qsort(order, (size_t)n, sizeof *order, by_item);
+        CHECK(memcmp(sorted, order, sizeof *order * (size_t)n) == 0, "write_part's items are not the plan's");
+        free(sorted);
+        free(order);
         items_total += n;
         free(items);
         free(sq);
