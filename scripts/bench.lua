@@ -36,9 +36,7 @@
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
-local sweep = require "pagedattn.sweep" -- shared: make_cache, stats
-
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+local sweep = require "pagedattn.sweep" -- shared: decode_batch, make_cache, stats, env configs
 
 local quick, only, ceiling_seconds, head_dim = false, nil, nil, 128
 do
@@ -126,16 +124,8 @@ end
 -- Runs fn once per config of the environment variable `var` ("A=1,B=2|C=3"),
 -- with that config's variables set; fn gets the config's text.
 local function with_configs(var, fn)
-  local configs = os.getenv(var)
-  if not configs or configs == "" then return end
-  for config in configs:gmatch("[^|]+") do
-    local set = {}
-    for kv in config:gmatch("[^,]+") do
-      local k, v = kv:match("^%s*([%w_]+)=(.*)$")
-      if k then ffi.C.setenv(k, v, 1); set[#set + 1] = k end
-    end
-    fn(config)
-    for _, k in ipairs(set) do ffi.C.unsetenv(k) end
+  for _, c in ipairs(sweep.env_configs(os.getenv(var))) do
+    sweep.with_env(c.vars, function() fn(c.name) end)
   end
 end
 
@@ -194,11 +184,9 @@ for p in (os.getenv("PAGEDATTN_BENCH_CONFIG_LAYOUTS") or "16"):gmatch("%d+") do
   config_layouts[#config_layouts + 1] = tonumber(p)
 end
 -- A decode workload from its name, "64x4096" (B sequences x L keys) or
--- "64x4096+512x64" (one batch of both): { name, parts = { {B, L}, ... } }
+-- "64x4096+512x64" (one batch of both; sweep.decode_batch)
 local function workload(name)
-  local parts = {}
-  for b, l in name:gmatch("(%d+)x(%d+)") do parts[#parts + 1] = { tonumber(b), tonumber(l) } end
-  return #parts > 0 and { name = name, parts = parts } or nil
+  return name:find("%d+x%d+") and { name = name } or nil
 end
 local workloads = { workload("64x4096"), workload("8x32768"), workload("256x1024") }
 -- the page-16 workloads of the sweeps: these and PAGEDATTN_BENCH_DECODE_WORKLOADS
@@ -212,22 +200,10 @@ for w in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("[%dx+]+")
 end
 
 -- One decode call of workload wl at `page` (its tensors live as long as
--- the function), and the bytes of K/V it reads: a cache of B x max L keys;
--- a mixed batch's lengths in a fixed shuffled order.
+-- the function), and the bytes of K/V it reads
 local function decode_call(wl, page)
-  local lens = {}
-  for _, pt in ipairs(wl.parts) do
-    for _ = 1, pt[1] do lens[#lens + 1] = pt[2] end
-  end
-  require("pagedattn.reference").rng(11):shuffle(lens)
-  local B, L, keys = #lens, 0, 0
-  for _, l in ipairs(lens) do L, keys = math.max(L, l), keys + l end
-  local kc, vc, bt = make_cache(B, L, page)
-  local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
-  local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
-  local seqlens = #wl.parts == 1 and L or assert(pa.from_table(lens, { B }, "i32", dev))
-  local opts = { block_table = bt, cache_seqlens = seqlens, out = out }
-  return function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, 2 * keys * HK * D * ESZ
+  local call, _, bytes = sweep.decode_batch(pa, dev, wl.name, { H = H, Hk = HK, D = D, dtype = DT, page = page })
+  return call, bytes
 end
 
 local function decode(wl, page, label)

@@ -93,19 +93,6 @@ end
 
 -- Runs fn with environment variables set (false: unset), restoring them after
 -- (the library reads its PAGEDATTN_* tuning variables at each call).
-function H.with_env(vars, fn)
-  local ffi = require "ffi"
-  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
-  local saved = {}
-  for k, v in pairs(vars) do
-    saved[k] = os.getenv(k) or false
-    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-  end
-  local ok, err = pcall(fn)
-  for k, v in pairs(saved) do
-    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
-  end
-  if not ok then error(err, 0) end
-end
+H.with_env = require("pagedattn.sweep").with_env
 
 return H

@@ -424,3 +424,47 @@ describe("ready-made measures", function()
     assert.are.equal(4 * 2 * 8 * (4 + 5 + 6 + 7), p.flops)
   end)
 end)
+
+describe("tuning helpers (scripts/bench.lua, scripts/micro/decode_ab.lua)", function()
+  it("decode_batch: one call over a mixed batch writes every output and counts its K/V bytes", function()
+    local pa = require "pagedattn"
+    local dev = pa.device("cpu")
+    local o = { H = 4, Hk = 2, D = 8, dtype = "f32" }
+    assert.is_nil(sweep.decode_batch(pa, dev, "none", with(o, { page = 4 })))
+    for _, page in ipairs({ 0, 3, 16 }) do
+      local call, out, bytes = sweep.decode_batch(pa, dev, "2x9+1x20", with(o, { page = page }))
+      assert.are.equal(2 * (2 * 9 + 20) * 2 * 8 * 4, bytes)
+      assert.are.same({ 3, 1, 4, 8 }, out.shape)
+      out:fill(0 / 0)
+      call()
+      for i, x in ipairs(out:to_table()) do
+        assert(x == x and x ~= 0, "page " .. page .. ": output " .. i .. " not written: " .. tostring(x))
+      end
+    end
+  end)
+
+  it("env_configs parses A=1,B=2|C=3 ('-': none) and refuses a setting without '='", function()
+    local c = sweep.env_configs("A=1,B=x=2|-|C=")
+    assert.are.same({ { name = "A=1,B=x=2", vars = { A = "1", B = "x=2" } }, { name = "-", vars = {} },
+      { name = "C=", vars = { C = "" } } }, c)
+    assert.are.same({}, sweep.env_configs(nil))
+    assert.has_error(function() sweep.env_configs("A=1,oops") end)
+  end)
+
+  it("with_env sets and unsets variables for a call, and restores them after, also after an error", function()
+    local a, b = "PAGEDATTN_SPEC_WITH_ENV_A", "PAGEDATTN_SPEC_WITH_ENV_B"
+    sweep.with_env({ [a] = "outer" }, function()
+      local seen = {}
+      assert.has_error(function()
+        sweep.with_env({ [a] = false, [b] = "inner" }, function()
+          seen.a, seen.b = os.getenv(a), os.getenv(b)
+          error("boom")
+        end)
+      end)
+      assert.are.same({ b = "inner" }, seen)
+      assert.are.equal("outer", os.getenv(a))
+      assert.is_nil(os.getenv(b))
+    end)
+    assert.is_nil(os.getenv(a))
+  end)
+end)

@@ -1331,6 +1331,66 @@ function M.make_cache(lib, dev, B, L, Hk, D, page, dtype, order)
   return kc, vc, bt
 end
 
+-- One decode call of the batch named `name`, "BxL" (B sequences of L keys)
+-- or "BxL+BxL..." (one batch of them all, the lengths in a fixed shuffled
+-- order): one query a sequence of o.H heads, a cache from make_cache of
+-- o.Hk heads, o.D, o.dtype, o.page (0: contiguous) and o.order. Returns the
+-- call (its tensors live as long as it), its `out` tensor and the bytes of
+-- K/V it reads; nil for a name that is not a batch.
+function M.decode_batch(lib, dev, name, o)
+  local lens, parts = {}, 0
+  for b, l in name:gmatch("(%d+)x(%d+)") do
+    parts = parts + 1
+    for _ = 1, tonumber(b) do lens[#lens + 1] = tonumber(l) end
+  end
+  if parts == 0 then return nil end
+  require("pagedattn.reference").rng(11):shuffle(lens)
+  local B, L, keys = #lens, 0, 0
+  for _, l in ipairs(lens) do L, keys = math.max(L, l), keys + l end
+  local kc, vc, bt = M.make_cache(lib, dev, B, L, o.Hk, o.D, o.page, o.dtype, o.order)
+  local q = assert(lib.randn({ B, 1, o.H, o.D }, o.dtype, dev, 3))
+  local out = assert(lib.tensor({ B, 1, o.H, o.D }, o.dtype, dev))
+  local seqlens = parts == 1 and L or assert(lib.from_table(lens, { B }, "i32", dev))
+  local opts = { block_table = bt, cache_seqlens = seqlens, out = out }
+  return function() assert(lib.attention_with_kvcache(q, kc, vc, opts)) end, out,
+    2 * keys * o.Hk * o.D * dtype_bytes[o.dtype]
+end
+
+-- Configs of environment variables from text "A=1,B=2|C=3" ("-": a config
+-- of none), for tuning runs: { { name = "A=1,B=2", vars = { A = "1", B = "2" } }, ... }
+function M.env_configs(text)
+  local configs = {}
+  for c in (text or ""):gmatch("[^|]+") do
+    local vars = {}
+    if c ~= "-" then
+      for kv in c:gmatch("[^,]+") do
+        local k, v = kv:match("^%s*([%w_]+)=(.*)$")
+        if not k then error("a config's setting is VAR=VALUE, got '" .. kv .. "'", 2) end
+        vars[k] = v
+      end
+    end
+    configs[#configs + 1] = { name = c, vars = vars }
+  end
+  return configs
+end
+
+-- Runs fn with environment variables set (false: unset), restoring them
+-- after (the library reads its PAGEDATTN_* tuning variables at each call).
+function M.with_env(vars, fn)
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
+  local saved = {}
+  for k, v in pairs(vars) do
+    saved[k] = os.getenv(k) or false
+    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
+  end
+  local ok, err = pcall(fn)
+  for k, v in pairs(saved) do
+    if v then ffi.C.setenv(k, v, 1) else ffi.C.unsetenv(k) end
+  end
+  if not ok then error(err, 0) end
+end
+
 -- Rotary tables for positions 0 .. L - 1 of rotary dim 2 half (base 10000,
 -- GPT-NeoX's frequencies): cos and sin tensors [L, half] of `dtype`.
 function M.rope_tables(lib, dev, L, half, dtype)

@@ -21,8 +21,8 @@ local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
 local sweep = require "pagedattn.sweep"
+local ref = require "pagedattn.reference"
 
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 pcall(ffi.cdef, "int usleep(unsigned int usec);")
 
 local cfg_arg = arg[1] or "-"
@@ -31,48 +31,20 @@ local rounds = tonumber(arg[3] or "3")
 
 local dev = assert(pa.device(os.getenv("PAGEDATTN_AB_DEVICE")))
 local C, ctx = core.C, core.ctx
-local gpu = dev.kind == "cuda" and C.pa_device_timing(ctx, dev.handle, 1) == 0
-if gpu then C.pa_device_timing(ctx, dev.handle, 0) end
+local gpu = dev.kind == "cuda"
 local secs = ffi.new("double[1]")
 local H, HK, D, DT = 32, 8, 128, "bf16"
 
-local configs = {}
-for c in cfg_arg:gmatch("[^|]+") do
-  local set = {}
-  if c ~= "-" then
-    for kv in c:gmatch("[^,]+") do
-      local k, v = kv:match("^%s*([%w_]+)=(.*)$")
-      assert(k, "decode_ab: a config's setting is VAR=VALUE: '" .. kv .. "'")
-      set[#set + 1] = { k, v }
-    end
-  end
-  configs[#configs + 1] = { name = c, set = set }
-end
-local function with_config(cfg, fn)
-  for _, kv in ipairs(cfg.set) do ffi.C.setenv(kv[1], kv[2], 1) end
-  local ok, e = pcall(fn)
-  for _, kv in ipairs(cfg.set) do ffi.C.unsetenv(kv[1]) end
-  if not ok then error(e, 0) end
-end
+local configs = sweep.env_configs(cfg_arg)
 
--- A workload's call: its tensors live as long as the closure.
+-- A workload ("BxL[+BxL...]", a suffix /s: sequential pages, /u: unpaged):
+-- its call (its tensors live as long as it) and its out tensor.
 local function make_workload(name)
   local spec, mode = name:match("^([%dx+]+)/?(%a?)$")
   assert(spec, "decode_ab: a workload is BxL[+BxL][/s|/u]: '" .. name .. "'")
-  local lens = {}
-  for b, l in spec:gmatch("(%d+)x(%d+)") do
-    for _ = 1, tonumber(b) do lens[#lens + 1] = tonumber(l) end
-  end
-  require("pagedattn.reference").rng(11):shuffle(lens)
-  local B, L = #lens, 0
-  for _, l in ipairs(lens) do L = math.max(L, l) end
-  local page = mode == "u" and 0 or 16
-  local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, page, DT, mode == "s" and "sequential" or nil)
-  local q = assert(pa.randn({ B, 1, H, D }, DT, dev, 3))
-  local out = assert(pa.tensor({ B, 1, H, D }, DT, dev))
-  local seqlens = assert(pa.from_table(lens, { B }, "i32", dev))
-  local opts = { block_table = bt, cache_seqlens = seqlens, out = out }
-  return { name = name, out = out, call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end }
+  local call, out = sweep.decode_batch(pa, dev, spec, { H = H, Hk = HK, D = D, dtype = DT,
+    page = mode == "u" and 0 or 16, order = mode == "s" and "sequential" or nil })
+  return { name = name, out = out, call = call }
 end
 
 local function timed(wl)
@@ -99,36 +71,26 @@ local function timed(wl)
   return sweep.stats(ts).median
 end
 
-local function max_diff(a, b)
-  local m = 0
-  for i = 1, #a do
-    local d = math.abs(a[i] - b[i])
-    if d ~= d then return math.huge end
-    if d > m then m = d end
-  end
-  return m
-end
-
 print(string.format("decode_ab on %s: %d configs, %d rounds (kernel us%s)", dev.description, #configs, rounds,
   gpu and "" or "; wall time: not a GPU"))
 local rows = {}
 for w in wl_arg:gmatch("[^,]+") do
   local wl = make_workload(w)
-  local times, diffs, ref = {}, {}, nil
+  local times, diffs, first = {}, {}, nil
   for ci, cfg in ipairs(configs) do
     times[ci] = {}
-    with_config(cfg, function()
+    sweep.with_env(cfg.vars, function()
       wl.out:fill(0 / 0) -- (an output the config leaves unwritten shows as NaN)
       wl.call()
       dev:synchronize()
       local o = wl.out:to_table()
-      if ci == 1 then ref = o end
-      diffs[ci] = max_diff(o, ref)
+      if ci == 1 then first = o end
+      diffs[ci] = ref.max_abs_diff(o, first)
     end)
   end
   for _ = 1, rounds do
     for ci, cfg in ipairs(configs) do
-      with_config(cfg, function() times[ci][#times[ci] + 1] = timed(wl) end)
+      sweep.with_env(cfg.vars, function() times[ci][#times[ci] + 1] = timed(wl) end)
     end
   end
   for ci, cfg in ipairs(configs) do
