@@ -171,6 +171,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     __shared__ int s_flag, s_next;
     __shared__ __align__(16) pa_work s_w[NSLOT];
     __shared__ int s_unit[NSLOT]; /* the unit a slot holds (work item x head tile), -1: none */
+    /* its head tile, the tile's kv head and first query head of the group
+     * (HW: each warp's tile's) */
+    __shared__ int s_ht[NSLOT][HW ? NWARPS : 1], s_hk[NSLOT][HW ? NWARPS : 1], s_g0[NSLOT][HW ? NWARPS : 1];
     __shared__ int s_lo[NSLOT][16], s_hi[NSLOT][16];
     __shared__ float s_ml[16 * NWARPS * 2];
     __shared__ int s_ckb[CAN_CLAIM ? CR : 1]; /* claimed stages' first keys; -1: the end */
@@ -205,10 +208,23 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         return PERSIST ? max(n, PA_STAGES) : CAN_CLAIM && claim ? 0x3fffffff : n;
     };
 
+    /* Slot j's unit u (thread 0) and its heads, so that neither the row
+     * offsets of every stage nor a unit's start divide by the run-time tile
+     * counts */
+    auto set_unit = [&](int j, int u) {
+        s_unit[j] = u < units ? u : -1;
+#pragma unroll
+        for (int t = 0; t < (HW ? NWARPS : 1); t++) {
+            const int ht = (u + t) % p.head_tiles, hk = ht / tiles_per_group;
+            s_ht[j][t] = ht;
+            s_hk[j][t] = hk;
+            s_g0[j][t] = (ht - hk * tiles_per_group) * GT;
+        }
+    };
     /* A unit into slot j: its work item (first; a barrier before load_rest) */
     auto load_item = [&](int j, int u) {
         const bool ok = u < units;
-        if (tid == 0) s_unit[j] = ok ? u : -1;
+        if (tid == 0) set_unit(j, u);
         if (ok && tid < 16) ((u32 *)&s_w[j])[tid] = ((const u32 *)p.work)[(i64)(u / p.head_tiles) * 16 + tid];
     };
     /* The Q tile of unit u (slot j's work item) into s_q, unscaled, in the
@@ -251,10 +267,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             if (p.q_f32 && QROWS == 16) *(uint4 *)(s_q + (16 + r) * RSTRIDE + chunk_at(r, c)) = vlo;
         }
     };
-    /* The ALiBi slope (log2 units) of row r of unit u (slot j's work item) */
-    auto slope_of = [&](int j, int u, int r) {
+    /* The ALiBi slope (log2 units) of row r of slot j's work item's head
+     * tile (kv head hk, its first query head of the group g0) */
+    auto slope_of = [&](int j, int hk, int g0, int r) {
         const pa_work &w = s_w[j];
-        const int ht = u % p.head_tiles, hk = ht / tiles_per_group, g0 = (ht - hk * tiles_per_group) * GT;
         if (!p.alibi || r >= ROWS || r / GT >= w.seqlen_q) return 0.f;
         return ((const float *)p.alibi)[(i64)w.b * p.alibi_batch_stride + hk * p.group + g0 + r % GT] * PA_LOG2E;
     };
@@ -299,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const pa_work &w = s_w[rj];
                 /* (HW: row tid is key tid % KPW of the unit's head tile tid / KPW) */
                 const int key = HW ? tid % KPW : tid;
-                const int hk = ((s_unit[rj] + (HW ? tid / KPW : 0)) % p.head_tiles) / tiles_per_group;
+                const int hk = s_hk[rj][HW ? tid / KPW : 0];
                 if (CAN_CLAIM && claim && rs >= CS) {
                     /* a claimed stage: its first key and page ids from the ring */
                     const int kb = s_ckb[rs % CR], tok = kb + key;
@@ -396,6 +412,19 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
 
     const int g = lane >> 2, t4 = lane & 3;
+    /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
+     * rows repeating them: masked, but finite) */
+    auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : lr; };
+    /* this lane's Q fragments of the unit in s_q, kept for the whole unit */
+    u32 qa[D / 16][4];
+    auto load_qa = [&]() {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const int mi = lane >> 3;
+            const int r = q_row((lane & 7) + 8 * (mi & 1));
+            ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
+        }
+    };
     for (bool first = true;; first = false) {
         /* 3. a unit: slot j, its Q in s_q (a rotated f32 q is loaded here:
          * its lo half stays in use while the unit runs) */
@@ -404,26 +433,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             __syncthreads();
         }
         const pa_work &w = s_w[j];
-        const int unit = s_unit[j] + (HW ? warp : 0); /* (HW: this warp's) */
-        /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
-         * rows repeating them: masked, but finite) */
-        auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : lr; };
-        const int head_tile = unit % p.head_tiles;
-        const int hk = head_tile / tiles_per_group;
-        const int g0 = (head_tile - hk * tiles_per_group) * GT;
+        /* (HW: this warp's head tile's) */
+        const int head_tile = s_ht[j][HW ? warp : 0], hk = s_hk[j][HW ? warp : 0], g0 = s_g0[j][HW ? warp : 0];
         const int nst = stages_of(j), k0 = w.k0;
         /* this lane's rows (g, g + 8) and Q fragments, kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
-        u32 qa[D / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            const int mi = lane >> 3;
-            const int r = q_row((lane & 7) + 8 * (mi & 1));
-            ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
-        }
+        /* (persistent blocks in bf16 or f16 load the next unit's while the
+         * last unit's output is merged, below) */
+        if (!PERSIST || first || p.q_f32) load_qa();
         const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
         const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
-        const float slope0 = slope_of(j, unit, g), slope1 = slope_of(j, unit, g + 8);
+        const float slope0 = slope_of(j, hk, g0, g), slope1 = slope_of(j, hk, g0, g + 8);
 
         /* The unit after this one goes into the other slot, while this one
          * runs: one fetch of the unit counter per unit run (blockIdx.x came
@@ -501,7 +521,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 if (st == pst && tid == 0) fetched = fetch_unit();
                 if (st == pst + 1 && tid == 0) {
                     const int next = (int)gridDim.x + (int)fetched;
-                    s_unit[j ^ 1] = next < units ? next : -1;
+                    set_unit(j ^ 1, next);
                     if (next < units) {
                         const u8 *src = (const u8 *)p.work + (i64)(next / p.head_tiles) * sizeof(pa_work);
 #pragma unroll
@@ -707,6 +727,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
          * stage buffers: o[warp][16][D], (m, l)[row][warp] */
         if (!PERSIST) pa_cp_async_wait<0>();
         __syncthreads();
+        /* the next unit's Q fragments (in s_q since this unit's start, or
+         * since a stage of it; qa is free: every warp is past its last
+         * Q K^T), loaded under the merge instead of after it */
+        if (PERSIST && !p.q_f32 && s_unit[j ^ 1] >= 0) load_qa();
         l0 = pa_quad_sum(l0);
         l1 = pa_quad_sum(l1);
         float *sm_o = (float *)(PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
@@ -786,7 +810,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (w.nsplit > 1) pa_split_arrival<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, &s_flag);
         if (CAN_CLAIM && claim && tid == 0 && s_flag) *claim_ctr = 0u;
         if (!PERSIST || s_unit[j ^ 1] < 0) break;
-        __syncthreads(); /* the merge area, s_ml and this slot are free */
+        /* (no barrier: the next unit's first stage begins with one, and
+         * nothing before it writes what the output above reads: the merge
+         * area takes copies after that barrier, s_ml and this slot are
+         * rewritten stages later) */
         j ^= 1;
     }
     pa_cp_async_wait<0>(); /* (copies of nothing may still be in flight) */
