@@ -171,9 +171,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     __shared__ int s_flag, s_next;
     __shared__ __align__(16) pa_work s_w[NSLOT];
     __shared__ int s_unit[NSLOT]; /* the unit a slot holds (work item x head tile), -1: none */
-    /* its head tile, the tile's kv head and first query head of the group
-     * (HW: each warp's tile's) */
-    __shared__ int s_ht[NSLOT][HW ? NWARPS : 1], s_hk[NSLOT][HW ? NWARPS : 1], s_g0[NSLOT][HW ? NWARPS : 1];
+    /* its head tile and the tile's kv head (HW: each warp's tile's) */
+    __shared__ int s_ht[NSLOT][HW ? NWARPS : 1], s_hk[NSLOT][HW ? NWARPS : 1];
     __shared__ int s_lo[NSLOT][16], s_hi[NSLOT][16];
     __shared__ float s_ml[16 * NWARPS * 2];
     __shared__ int s_ckb[CAN_CLAIM ? CR : 1]; /* claimed stages' first keys; -1: the end */
@@ -209,37 +208,37 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     };
 
     /* Slot j's unit u (thread 0) and its heads, so that neither the row
-     * offsets of every stage nor a unit's start divide by the run-time tile
-     * counts */
+     * offsets of every stage, nor Q's loads, nor a unit's start divide by
+     * the run-time tile counts */
     auto set_unit = [&](int j, int u) {
         s_unit[j] = u < units ? u : -1;
 #pragma unroll
         for (int t = 0; t < (HW ? NWARPS : 1); t++) {
-            const int ht = (u + t) % p.head_tiles, hk = ht / tiles_per_group;
+            const int ht = (u + t) % p.head_tiles;
             s_ht[j][t] = ht;
-            s_hk[j][t] = hk;
-            s_g0[j][t] = (ht - hk * tiles_per_group) * GT;
+            s_hk[j][t] = ht / tiles_per_group;
         }
     };
+    /* the first query head in the group of slot j's tile t */
+    auto g0_of = [&](int j, int t) { return (s_ht[j][t] - s_hk[j][t] * tiles_per_group) * GT; };
     /* A unit into slot j: its work item (first; a barrier before load_rest) */
     auto load_item = [&](int j, int u) {
         const bool ok = u < units;
         if (tid == 0) set_unit(j, u);
         if (ok && tid < 16) ((u32 *)&s_w[j])[tid] = ((const u32 *)p.work)[(i64)(u / p.head_tiles) * 16 + tid];
     };
-    /* The Q tile of unit u (slot j's work item) into s_q, unscaled, in the
-     * input type; the rotated f32 q as hi + lo, rows 16.. holding lo (HW:
-     * the tiles of units u.. u + NWARPS - 1, ROWS rows each). async: a q in
-     * the input type by cp.async (the caller commits and waits) */
-    auto load_q = [&](int j, int u, bool async) {
+    /* The Q tile of slot j's unit (set_unit's heads, after a barrier) into
+     * s_q, unscaled, in the input type; the rotated f32 q as hi + lo, rows
+     * 16.. holding lo (HW: the slot's NWARPS tiles, ROWS rows each). async:
+     * a q in the input type by cp.async (the caller commits and waits) */
+    auto load_q = [&](int j, bool async) {
         const pa_work &w = s_w[j];
         for (int e = tid; e < QROWS * CPR; e += NTHREADS) {
             const int r = e / CPR, c = e - r * CPR;
             const int lr = HW ? r % ROWS : r, qi = lr / GT; /* the row in its tile */
-            const int ht = (u + (HW ? r / ROWS : 0)) % p.head_tiles, hk = ht / tiles_per_group;
-            const int g0 = (ht - hk * tiles_per_group) * GT;
             uint4 v = make_uint4(0, 0, 0, 0), vlo = v;
             if ((HW ? r < NWARPS * ROWS : r < ROWS) && qi < w.seqlen_q) {
+                const int t = HW ? r / ROWS : 0, hk = s_hk[j][t], g0 = g0_of(j, t);
                 const i64 off = ((w.q_start + qi) * p.heads + hk * p.group + g0 + lr % GT) * (i64)D + c * 8;
                 if (p.q_f32) {
                     /* q = hi + lo, both in the input type: S = hi K^T + lo K^T
@@ -298,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             s_lo[j][r] = lo;
             s_hi[j][r] = hi;
         }
-        if (with_q) load_q(j, s_unit[j], async);
+        if (with_q) load_q(j, async);
     };
 
     /* Row offsets (bytes from the cache base; -1: nothing to copy) of the
@@ -406,7 +405,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
     row_offsets(PA_STAGES - 1);
     if (early) {
-        if (p.q_f32 && s_unit[0] >= 0) load_q(0, unit0, false); /* (plain loads: while the stages fly) */
+        if (p.q_f32 && s_unit[0] >= 0) load_q(0, false); /* (plain loads: while the stages fly) */
         pa_cp_async_wait<PA_STAGES - 1>(); /* the page ids, rows and Q (the first group) */
         __syncthreads();
     }
@@ -429,14 +428,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         /* 3. a unit: slot j, its Q in s_q (a rotated f32 q is loaded here:
          * its lo half stays in use while the unit runs) */
         if (PERSIST && !first && p.q_f32) {
-            load_q(j, s_unit[j], false);
+            load_q(j, false);
             __syncthreads();
         }
         const pa_work &w = s_w[j];
         /* (HW: this warp's head tile's) */
-        const int head_tile = s_ht[j][HW ? warp : 0], hk = s_hk[j][HW ? warp : 0], g0 = s_g0[j][HW ? warp : 0];
+        const int head_tile = s_ht[j][HW ? warp : 0], hk = s_hk[j][HW ? warp : 0], g0 = g0_of(j, HW ? warp : 0);
         const int nst = stages_of(j), k0 = w.k0;
-        /* this lane's rows (g, g + 8) and Q fragments, kept for the whole unit */
+        /* this lane's rows (g, g + 8), kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
         /* (persistent blocks in bf16 or f16 load the next unit's while the
          * last unit's output is merged, below) */
