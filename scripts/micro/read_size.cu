@@ -8,6 +8,19 @@
 //   chunks  one 128-thread block per 256 KB chunk (the hardware schedules
 //           the blocks: dynamic balance, a start-up per block)
 //   steal   resident 128-thread blocks taking 64 KB chunks from a counter
+//   cp16x3, cp32x3, cp64x3w8   the same chunks through a ring of 3 shared-memory stages of 16 /
+//           32 / 64 KB by cp.async, 128 / 128 / 256 threads (as many blocks a SM as fit: cp32x3
+//           is the four-warp decode kernel's copy engine, cp64x3w8 the eight-warp one's, without
+//           the arithmetic and with contiguous chunks; kernels/NOTES.md session 28)
+//   stealcp steal with each thread's loads by cp.async into shared memory (LDGSTS against LDG)
+//   cp16x2, cp8x2   rings of two stages (wait_group 0: every copy landed, as stealcp waits)
+//   stealcp4, steal4   stealcp and steal at 4 blocks a SM; stealcpahead: stealcp claiming the next
+//           chunk under the current one (no pause between chunks)
+//   stealcpL1min  stealcp with the largest shared-memory carveout (228 KB: the L1 left is 28 KB)
+//   cp16x3L1, cp32x3L1  the rings at 2 / 1 blocks a SM with a ~100 KB carveout (L1 ~156 KB)
+//   cp16x3nb   cp16x3 without the barrier a stage (each thread waits for its own copies only; in
+//           session 28 cp32x3 and a ring of 6 x 8 KB without it, and rings of 6 x 8, 6 x 16 and
+//           12 x 8 KB with it, all read like cp16x3: 0.90-0.93 of the 2 GiB rate at 1 GiB)
 //   nvcc -O3 -arch=sm_90a -o /tmp/read_size scripts/micro/read_size.cu && /tmp/read_size
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +74,110 @@ __global__ void __launch_bounds__(128) steal_read(const uint4 *__restrict__ p, l
   }
   if (acc == 0x9e3779b9u) *sink = acc;
 }
+// resident blocks of NT threads streaming 64 KB chunks from a counter through a ring of ST
+// shared-memory stages of SB bytes by cp.async (16 bytes a thread an instruction), the decode
+// kernel's copy engine without its arithmetic: a stage is waited for (wait_group ST - 2), a
+// barrier, read back (each thread its own 16-byte words), and the copies of stage G + ST - 1
+// go out into the buffer stage G - 1 left; the next chunk is claimed a chunk ahead
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+// steal's blocks and chunks with each thread's 8 loads by cp.async into its own 16-byte words of
+// shared memory (wait_group 0, then read back): LDGSTS against LDG, nothing else changed
+template <int TAG = 0> // (TAG: a second copy of the function for its own carveout)
+__global__ void __launch_bounds__(128) steal_cp_read(const uint4 *__restrict__ p, long long words, int nchunks,
+                                                     unsigned *counter, unsigned *sink) {
+  __shared__ uint4 buf[8 * 128];
+  __shared__ int s_c;
+  unsigned acc = 0;
+  for (;;) {
+    if (threadIdx.x == 0) s_c = atomicAdd(counter, 1u);
+    __syncthreads();
+    const int c = s_c;
+    __syncthreads();
+    if (c >= nchunks) break;
+    const uint4 *q = p + (long long)c * words;
+    for (long long i = threadIdx.x; i < words; i += 1024) {
+#pragma unroll
+      for (int k = 0; k < 8; k++) cp16(&buf[k * 128 + threadIdx.x], q + i + k * 128);
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < 8; k++) { const uint4 v = buf[k * 128 + threadIdx.x]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    }
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// stealcp with the next chunk claimed under the current one (thread 0's atomic at the chunk's
+// start, its result stored at its end; one barrier a chunk): no pause between chunks
+__global__ void __launch_bounds__(128) steal_cp_ahead(const uint4 *__restrict__ p, long long words, int nchunks,
+                                                      unsigned *counter, unsigned *sink) {
+  __shared__ uint4 buf[8 * 128];
+  __shared__ int s_c[2];
+  unsigned acc = 0;
+  if (threadIdx.x == 0) s_c[0] = atomicAdd(counter, 1u);
+  __syncthreads();
+  for (int n = 0;; n++) {
+    const int c = s_c[n & 1];
+    if (c >= nchunks) break;
+    unsigned nx = 0;
+    if (threadIdx.x == 0) nx = atomicAdd(counter, 1u);
+    const uint4 *q = p + (long long)c * words;
+    for (long long i = threadIdx.x; i < words; i += 1024) {
+#pragma unroll
+      for (int k = 0; k < 8; k++) cp16(&buf[k * 128 + threadIdx.x], q + i + k * 128);
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#pragma unroll
+      for (int k = 0; k < 8; k++) { const uint4 v = buf[k * 128 + threadIdx.x]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    }
+    if (threadIdx.x == 0) s_c[(n + 1) & 1] = (int)nx;
+    __syncthreads();
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+template <int NT, int SB, int ST, bool BAR = true, int TAG = 0>
+__global__ void __launch_bounds__(NT) cp_read(const uint4 *__restrict__ p, int nchunks, unsigned *counter, unsigned *sink) {
+  extern __shared__ __align__(16) uint4 ring[];
+  __shared__ int s_ids[8]; // the block's k-th claimed chunk in entry k % 8 (at most 5 in use)
+  constexpr int SPC = (64 << 10) / SB, WPS = SB / 16 / NT; // stages a chunk, words a thread a stage
+  const int tid = threadIdx.x;
+  if (tid == 0) s_ids[0] = (int)atomicAdd(counter, 1u);
+  __syncthreads();
+  unsigned acc = 0, claim = 0;
+  auto issue = [&](int G) {
+    const int k = G / SPC, id = s_ids[k & 7];
+    // the next chunk, claimed at this one's first stage and stored at its last (so that thread 0
+    // does not wait for the atomic), read at its own first (a barrier between): one chunk a block
+    // claimed ahead (two ahead left the blocks' ends 128 KB apart)
+    if (tid == 0) {
+      if (G % SPC == 0) claim = atomicAdd(counter, 1u);
+      if (G % SPC == SPC - 1) s_ids[(k + 1) & 7] = (int)claim;
+    }
+    if (id < nchunks) {
+      const uint4 *src = p + (long long)id * ((64 << 10) / 16) + (long long)(G % SPC) * (SB / 16);
+      uint4 *dst = ring + (G % ST) * (SB / 16);
+#pragma unroll
+      for (int w = 0; w < WPS; w++) cp16(dst + w * NT + tid, src + w * NT + tid);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  for (int G = 0; G < ST - 1; G++) issue(G);
+  for (int G = 0;; G++) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(ST - 2) : "memory");
+    // (BAR false: no barrier a stage; each thread reads back only its own words, and the claims
+    // in s_ids are written a whole chunk before they are read: a timing variant, racy in theory)
+    if (BAR || G % SPC == 0) __syncthreads();
+    if (s_ids[(G / SPC) & 7] >= nchunks) break;
+    const uint4 *b = ring + (G % ST) * (SB / 16);
+#pragma unroll
+    for (int w = 0; w < WPS; w++) { const uint4 v = b[w * NT + tid]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    issue(G + ST - 1);
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
 int main() {
   const long long maxb = 2ll << 30;
   uint4 *buf; unsigned *sink, *counter;
@@ -73,7 +190,30 @@ int main() {
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ128, steal_read, 128, 0));
   double ceiling = 0;
   const long long sizes[] = {2ll << 30, 1ll << 30, 1ll << 28, 1ll << 26};
-  for (int kind = 0; kind < 3; kind++) {
+  // the cp.async rings: (threads, stage bytes, stages), blocks a SM as their shared memory allows
+  void (*cpk[6])(const uint4 *, int, unsigned *, unsigned *) = {
+      cp_read<128, 16 << 10, 3>, cp_read<128, 32 << 10, 3>, cp_read<256, 64 << 10, 3>,
+      cp_read<128, 16 << 10, 2>, cp_read<128, 8 << 10, 2>, cp_read<128, 16 << 10, 3, false>}; // (7-9: session 28's)
+  const int cp_nt[6] = {128, 128, 256, 128, 128, 128};
+  const int cp_smem[6] = {3 * (16 << 10), 3 * (32 << 10), 3 * (64 << 10), 2 * (16 << 10), 2 * (8 << 10), 3 * (16 << 10)};
+  int cp_occ[6];
+  for (int i = 0; i < 6; i++) {
+    CK(cudaFuncSetAttribute(cpk[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cp_smem[i]));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cp_occ[i], cpk[i], cp_nt[i], cp_smem[i]));
+  }
+  int occ_scp = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_scp, steal_cp_read<0>, 128, 0));
+  // the L1 / shared memory split: stealcp with the most shared memory (the L1 left: 256 - 228 KB),
+  // the rings with ~100 KB (2 blocks of cp16x3, 1 of cp32x3 a SM: the L1 left ~156 KB)
+  auto scp_big = steal_cp_read<1>;
+  auto ring16_small = cp_read<128, 16 << 10, 3, true, 1>, ring32_small = cp_read<128, 32 << 10, 3, true, 1>;
+  CK(cudaFuncSetAttribute(scp_big, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  CK(cudaFuncSetAttribute(ring16_small, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * (16 << 10)));
+  CK(cudaFuncSetAttribute(ring32_small, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * (32 << 10)));
+  CK(cudaFuncSetAttribute(ring16_small, cudaFuncAttributePreferredSharedMemoryCarveout, 44));
+  CK(cudaFuncSetAttribute(ring32_small, cudaFuncAttributePreferredSharedMemoryCarveout, 44));
+  for (int kind = 0; kind < 16; kind++) {
+    if (kind >= 7 && kind <= 9) continue; // (cp16x2, cp8x2, cp16x3nb: measured, in the NOTES)
     for (long long bytes : sizes) {
       std::vector<double> t;
       for (int it = 0; it < 25; it++) {
@@ -83,6 +223,15 @@ int main() {
         const long long n = bytes / 16;
         if (kind == 0) grid_read<<<sms * occ512, 512, 0, s>>>(buf, n, sink);
         else if (kind == 1) chunk_read<<<(unsigned)(bytes / (256 << 10)), 128, 0, s>>>(buf, (256 << 10) / 16, sink);
+        else if (kind == 13) scp_big<<<sms * std::min(occ_scp, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind == 14) ring16_small<<<sms * 2, 128, 3 * (16 << 10), s>>>(buf, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind == 15) ring32_small<<<sms, 128, 3 * (32 << 10), s>>>(buf, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind == 10) steal_cp_read<0><<<sms * std::min(occ_scp, 4), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind == 11) steal_cp_ahead<<<sms * std::min(occ_scp, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind == 12) steal_read<<<sms * std::min(occ128, 4), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind == 6) steal_cp_read<0><<<sms * std::min(occ_scp, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
+        else if (kind >= 3 && kind <= 9) cpk[kind - (kind > 6 ? 4 : 3)]<<<sms * cp_occ[kind - (kind > 6 ? 4 : 3)], cp_nt[kind - (kind > 6 ? 4 : 3)], cp_smem[kind - (kind > 6 ? 4 : 3)], s>>>(
+            buf, (int)(bytes / (64 << 10)), counter, sink);
         else steal_read<<<sms * std::min(occ128, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
         cudaEventRecord(e1, s);
         CK(cudaStreamSynchronize(s));
@@ -92,7 +241,8 @@ int main() {
       std::sort(t.begin(), t.end());
       const double best = bytes / t[0] / 1e9, med = bytes / t[t.size() / 2] / 1e9;
       if (kind == 0 && bytes == sizes[0]) ceiling = best;
-      const char *names[] = {"grid", "chunks", "steal"};
+      const char *names[] = {"grid", "chunks", "steal", "cp16x3", "cp32x3", "cp64x3w8", "stealcp", "cp16x2", "cp8x2", "cp16x3nb", "stealcp4", "stealcpahead", "steal4", "stealcpL1min", "cp16x3L1", "cp32x3L1"};
+      if (kind >= 3) printf("[%d blocks a SM] ", kind == 6 || kind == 11 || kind == 13 ? std::min(occ_scp, 8) : kind == 14 ? 2 : kind == 15 ? 1 : kind >= 10 ? 4 : cp_occ[kind - (kind > 6 ? 4 : 3)]);
       printf("%-7s %6lld MiB  best %7.1f GB/s (%.3f of grid 2 GiB best)  median %7.1f GB/s (%.3f)  median %7.1f us\n",
              names[kind], bytes >> 20, best, best / ceiling, med, med / ceiling, t[t.size() / 2] * 1e6);
     }
