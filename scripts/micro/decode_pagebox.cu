@@ -13,7 +13,7 @@
 // reference on the host. No masks, no options: what it answers is whether
 // the stream of whole-page boxes with this arithmetic reaches 0.97.
 //   nvcc -O3 -arch=sm_90a -o /tmp/pagebox scripts/micro/decode_pagebox.cu -lcuda && /tmp/pagebox
-//   /tmp/pagebox B L CHUNK [MODE]   (CHUNK pages a piece; MODE 0 full, 1 no arithmetic, 2 neither
+//   /tmp/pagebox B L CHUNK [MODE]   (CHUNK pages a piece; MODE 0 full, 1 no MMAs, 2 neither
 //   arithmetic nor q: the stream of page boxes alone)
 #include <cstdio>
 #include <cstdlib>
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
   u32 qa[D / 16][4];
   float o[D / 8][4];
   float m0 = -INFINITY, l0 = 0.f;
-  int pcur = -1, npc = 0;
+  int npc = 0; // (pieces started: their q buffer is npc & 1, as the producer's)
   for (int it = 0;; it++) {
     const int s = it % STAGES;
     const u32 ph = (u32)(it / STAGES) & 1u;
@@ -160,7 +160,6 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
     if (pi < 0) break;
     const piece pc = pieces[pi];
     if (idx == 0) {
-      pcur = pi;
       // Q of this piece's sequence and head group (landed with the page), rows g < GT (the rest zero)
       const unsigned char *qs = qbuf + (npc & 1) * Q_BYTES;
       npc++;
@@ -196,7 +195,8 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
         mma(sa[1], qa[ks], kf[ks][2], kf[ks][3]);
       }
     } else {
-      // no arithmetic: only keep the loads
+      // no MMAs: the fragments kept alive by their sign bits (the softmax's exponentials stay:
+      // P feeds the product by 0 below)
 #pragma unroll
       for (int ks = 0; ks < D / 16; ks++) sa[0][0] += __int_as_float(kf[ks][0] & 0x80000000u);
     }
@@ -248,7 +248,6 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
       }
     }
   }
-  (void)pcur;
 }
 
 // the pieces of each sequence merged: one warp a (sequence, query head)

@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(128) steal_cp_ahead(const uint4 *__restrict__ 
 }
 
 template <int NT, int SB, int ST, bool BAR = true, int TAG = 0>
-__global__ void __launch_bounds__(NT) cp_read(const uint4 *__restrict__ p, int nchunks, unsigned *counter, unsigned *sink) {
+__global__ void __launch_bounds__(NT) cp_read(const uint4 *__restrict__ p, long long, int nchunks, unsigned *counter,
+                                              unsigned *sink) { // (chunks of 64 KB: no words argument used)
   extern __shared__ __align__(16) uint4 ring[];
   __shared__ int s_ids[8]; // the block's k-th claimed chunk in entry k % 8 (at most 5 in use)
   constexpr int SPC = (64 << 10) / SB, WPS = SB / 16 / NT; // stages a chunk, words a thread a stage
@@ -178,42 +179,53 @@ __global__ void __launch_bounds__(NT) cp_read(const uint4 *__restrict__ p, int n
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// a chunk reader: (buffer, chunk words, chunks, counter, sink)
+typedef void (*chunk_kernel)(const uint4 *, long long, int, unsigned *, unsigned *);
+
 int main() {
   const long long maxb = 2ll << 30;
   uint4 *buf; unsigned *sink, *counter;
   CK(cudaMalloc(&buf, maxb)); CK(cudaMalloc(&sink, 4)); CK(cudaMalloc(&counter, 4)); CK(cudaMemset(buf, 1, maxb));
   cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  int sms = 0, occ512 = 0, occ128 = 0;
+  int sms = 0, occ512 = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ512, grid_read, 512, 0));
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ128, steal_read, 128, 0));
   double ceiling = 0;
   const long long sizes[] = {2ll << 30, 1ll << 30, 1ll << 28, 1ll << 26};
-  // the cp.async rings: (threads, stage bytes, stages), blocks a SM as their shared memory allows
-  void (*cpk[6])(const uint4 *, int, unsigned *, unsigned *) = {
-      cp_read<128, 16 << 10, 3>, cp_read<128, 32 << 10, 3>, cp_read<256, 64 << 10, 3>,
-      cp_read<128, 16 << 10, 2>, cp_read<128, 8 << 10, 2>, cp_read<128, 16 << 10, 3, false>}; // (7-9: session 28's)
-  const int cp_nt[6] = {128, 128, 256, 128, 128, 128};
-  const int cp_smem[6] = {3 * (16 << 10), 3 * (32 << 10), 3 * (64 << 10), 2 * (16 << 10), 2 * (8 << 10), 3 * (16 << 10)};
-  int cp_occ[6];
-  for (int i = 0; i < 6; i++) {
-    CK(cudaFuncSetAttribute(cpk[i], cudaFuncAttributeMaxDynamicSharedMemorySize, cp_smem[i]));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cp_occ[i], cpk[i], cp_nt[i], cp_smem[i]));
+  // The chunk readers (64 KB chunks from the counter): name, kernel, threads, dynamic shared
+  // memory, blocks a SM (0: as many as fit, at most 8 for the 128-thread steal kinds' static
+  // 16 KB), carveout (-1: the driver's choice)
+  struct kind { const char *name; chunk_kernel k; int nt, smem, per_sm, carveout; };
+  const kind kinds[] = {
+      {"steal", steal_read, 128, 0, 8, -1},
+      {"cp16x3", cp_read<128, 16 << 10, 3>, 128, 3 * (16 << 10), 0, -1},
+      {"cp32x3", cp_read<128, 32 << 10, 3>, 128, 3 * (32 << 10), 0, -1},
+      {"cp64x3w8", cp_read<256, 64 << 10, 3>, 256, 3 * (64 << 10), 0, -1},
+      {"stealcp", steal_cp_read<0>, 128, 0, 8, -1},
+      {"cp16x2", cp_read<128, 16 << 10, 2>, 128, 2 * (16 << 10), 0, -1},
+      {"cp8x2", cp_read<128, 8 << 10, 2>, 128, 2 * (8 << 10), 0, -1},
+      {"cp16x3nb", cp_read<128, 16 << 10, 3, false>, 128, 3 * (16 << 10), 0, -1},
+      {"stealcp4", steal_cp_read<0>, 128, 0, 4, -1},
+      {"stealcpahead", steal_cp_ahead, 128, 0, 8, -1},
+      {"steal4", steal_read, 128, 0, 4, -1},
+      // the L1 / shared memory split: stealcp with the most shared memory (the L1 left: 256 -
+      // 228 KB), the rings at fewer blocks with ~100 KB (the L1 left ~156 KB)
+      {"stealcpL1min", steal_cp_read<1>, 128, 0, 8, 100},
+      {"cp16x3L1", cp_read<128, 16 << 10, 3, true, 1>, 128, 3 * (16 << 10), 2, 44},
+      {"cp32x3L1", cp_read<128, 32 << 10, 3, true, 1>, 128, 3 * (32 << 10), 1, 44},
+  };
+  const int nk = (int)(sizeof kinds / sizeof kinds[0]);
+  std::vector<int> grid(nk);
+  for (int i = 0; i < nk; i++) {
+    const kind &k = kinds[i];
+    if (k.smem > 0) CK(cudaFuncSetAttribute(k.k, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    if (k.carveout >= 0) CK(cudaFuncSetAttribute(k.k, cudaFuncAttributePreferredSharedMemoryCarveout, k.carveout));
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k.k, k.nt, k.smem));
+    grid[i] = sms * (k.per_sm > 0 ? std::min(occ, k.per_sm) : occ);
   }
-  int occ_scp = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ_scp, steal_cp_read<0>, 128, 0));
-  // the L1 / shared memory split: stealcp with the most shared memory (the L1 left: 256 - 228 KB),
-  // the rings with ~100 KB (2 blocks of cp16x3, 1 of cp32x3 a SM: the L1 left ~156 KB)
-  auto scp_big = steal_cp_read<1>;
-  auto ring16_small = cp_read<128, 16 << 10, 3, true, 1>, ring32_small = cp_read<128, 32 << 10, 3, true, 1>;
-  CK(cudaFuncSetAttribute(scp_big, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-  CK(cudaFuncSetAttribute(ring16_small, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * (16 << 10)));
-  CK(cudaFuncSetAttribute(ring32_small, cudaFuncAttributeMaxDynamicSharedMemorySize, 3 * (32 << 10)));
-  CK(cudaFuncSetAttribute(ring16_small, cudaFuncAttributePreferredSharedMemoryCarveout, 44));
-  CK(cudaFuncSetAttribute(ring32_small, cudaFuncAttributePreferredSharedMemoryCarveout, 44));
-  for (int kind = 0; kind < 16; kind++) {
-    if (kind >= 7 && kind <= 9) continue; // (cp16x2, cp8x2, cp16x3nb: measured, in the NOTES)
+  for (int kind = -2; kind < nk; kind++) { // (-2: grid, -1: chunks, then the table)
     for (long long bytes : sizes) {
       std::vector<double> t;
       for (int it = 0; it < 25; it++) {
@@ -221,30 +233,22 @@ int main() {
         CK(cudaMemsetAsync(counter, 0, 4, s));
         cudaEventRecord(e0, s);
         const long long n = bytes / 16;
-        if (kind == 0) grid_read<<<sms * occ512, 512, 0, s>>>(buf, n, sink);
-        else if (kind == 1) chunk_read<<<(unsigned)(bytes / (256 << 10)), 128, 0, s>>>(buf, (256 << 10) / 16, sink);
-        else if (kind == 13) scp_big<<<sms * std::min(occ_scp, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind == 14) ring16_small<<<sms * 2, 128, 3 * (16 << 10), s>>>(buf, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind == 15) ring32_small<<<sms, 128, 3 * (32 << 10), s>>>(buf, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind == 10) steal_cp_read<0><<<sms * std::min(occ_scp, 4), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind == 11) steal_cp_ahead<<<sms * std::min(occ_scp, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind == 12) steal_read<<<sms * std::min(occ128, 4), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind == 6) steal_cp_read<0><<<sms * std::min(occ_scp, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
-        else if (kind >= 3 && kind <= 9) cpk[kind - (kind > 6 ? 4 : 3)]<<<sms * cp_occ[kind - (kind > 6 ? 4 : 3)], cp_nt[kind - (kind > 6 ? 4 : 3)], cp_smem[kind - (kind > 6 ? 4 : 3)], s>>>(
-            buf, (int)(bytes / (64 << 10)), counter, sink);
-        else steal_read<<<sms * std::min(occ128, 8), 128, 0, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
+        if (kind == -2) grid_read<<<sms * occ512, 512, 0, s>>>(buf, n, sink);
+        else if (kind == -1) chunk_read<<<(unsigned)(bytes / (256 << 10)), 128, 0, s>>>(buf, (256 << 10) / 16, sink);
+        else kinds[kind].k<<<grid[kind], kinds[kind].nt, kinds[kind].smem, s>>>(buf, (64 << 10) / 16, (int)(bytes / (64 << 10)), counter, sink);
         cudaEventRecord(e1, s);
         CK(cudaStreamSynchronize(s));
         float ms; cudaEventElapsedTime(&ms, e0, e1);
         if (it >= 3) t.push_back(ms * 1e-3);
       }
+      CK(cudaGetLastError());
       std::sort(t.begin(), t.end());
       const double best = bytes / t[0] / 1e9, med = bytes / t[t.size() / 2] / 1e9;
-      if (kind == 0 && bytes == sizes[0]) ceiling = best;
-      const char *names[] = {"grid", "chunks", "steal", "cp16x3", "cp32x3", "cp64x3w8", "stealcp", "cp16x2", "cp8x2", "cp16x3nb", "stealcp4", "stealcpahead", "steal4", "stealcpL1min", "cp16x3L1", "cp32x3L1"};
-      if (kind >= 3) printf("[%d blocks a SM] ", kind == 6 || kind == 11 || kind == 13 ? std::min(occ_scp, 8) : kind == 14 ? 2 : kind == 15 ? 1 : kind >= 10 ? 4 : cp_occ[kind - (kind > 6 ? 4 : 3)]);
+      if (kind == -2 && bytes == sizes[0]) ceiling = best;
+      const char *name = kind == -2 ? "grid" : kind == -1 ? "chunks" : kinds[kind].name;
+      if (kind >= 0) printf("[%d blocks a SM] ", grid[kind] / sms);
       printf("%-7s %6lld MiB  best %7.1f GB/s (%.3f of grid 2 GiB best)  median %7.1f GB/s (%.3f)  median %7.1f us\n",
-             names[kind], bytes >> 20, best, best / ceiling, med, med / ceiling, t[t.size() / 2] * 1e6);
+             name, bytes >> 20, best, best / ceiling, med, med / ceiling, t[t.size() / 2] * 1e6);
     }
   }
   return 0;
