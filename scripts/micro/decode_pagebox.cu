@@ -15,29 +15,15 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/pagebox scripts/micro/decode_pagebox.cu -lcuda && /tmp/pagebox
 //   /tmp/pagebox B L CHUNK [MODE]   (CHUNK pages a piece; MODE 0 full, 1 no MMAs, 2 neither
 //   arithmetic nor q: the stream of page boxes alone)
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <cmath>
-#include <vector>
-#include <algorithm>
-#include <unistd.h>
 #include <cuda.h>
-#include <cuda_runtime.h>
-#include <cuda_bf16.h>
-typedef unsigned long long u64;
-typedef unsigned u32;
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); exit(1); } } while (0)
+#include "decode_micro.cuh"
 
-constexpr int HK = 8, GT = 4, H = HK * GT, D = 128, PS = 16;
-constexpr int PAGE_BYTES = PS * HK * D * 2; // 32 KB
 constexpr int STAGES = 3;
 constexpr int CW = 8;                       // consumer warps (one a kv head)
 constexpr int NT = (CW + 1) * 32;
 constexpr int Q_BYTES = H * D * 2;          // a sequence's q, all heads: 8 KB
 constexpr int SMEM = 2 * STAGES * PAGE_BYTES + 2 * Q_BYTES + 1024 + 256;
 
-__device__ __forceinline__ u32 saddr(const void *p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(u64 *b, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(b)), "r"(n) : "memory"); }
 __device__ __forceinline__ void mbar_arrive(u64 *b) { asm volatile("{.reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0];}" ::"r"(saddr(b)) : "memory"); }
 __device__ __forceinline__ void mbar_expect(u64 *b, u32 bytes) { asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(b)), "r"(bytes) : "memory"); }
@@ -54,20 +40,6 @@ __device__ __forceinline__ void bulk_copy(u32 dst, const void *src, u32 bytes, u
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(dst), "l"((u64)src), "r"(bytes), "r"(saddr(b)) : "memory");
 }
-__device__ __forceinline__ void ldsm4(u32 (&r)[4], u32 a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldsm4t(u32 (&r)[4], u32 a) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ u32 pack(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *(u32 *)&v;
-}
 // byte offset in a landed page of (key k, column c) of head h: lines (group, head, block, row) of
 // 128 bytes, 16-byte chunks swizzled by the row (128-byte swizzle, 1024-byte aligned buffer)
 __device__ __forceinline__ u32 page_off(int h, int k, int c) {
@@ -76,11 +48,6 @@ __device__ __forceinline__ u32 page_off(int h, int k, int c) {
 }
 
 struct piece { int b, p0, np, part; }; // sequence, first page index, pages, partial row index
-
-__global__ void hold(u64 ns) {
-  u64 t0, t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do { __nanosleep(1000); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}
 
 template <int MODE>
 __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap,
@@ -250,42 +217,6 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
   }
 }
 
-// the pieces of each sequence merged: one warp a (sequence, query head)
-__global__ void combine(const float *part_o, const float *part_lse, const int *first_part, const int *nparts, int B,
-                        __nv_bfloat16 *out) {
-  const int w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-  if (w >= B * H) return;
-  const int b = w / H, hq = w % H, f = first_part[b], n = nparts[b];
-  float mx = -INFINITY;
-  for (int i = 0; i < n; i++) mx = fmaxf(mx, part_lse[(long long)(f + i) * H + hq]);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, den = 0.f;
-  for (int i = 0; i < n; i++) {
-    const long long row = (long long)(f + i) * H + hq;
-    const float wgt = exp2f(part_lse[row] - mx);
-    const float4 v = *(const float4 *)(part_o + row * D + lane * 4);
-    acc[0] += wgt * v.x; acc[1] += wgt * v.y; acc[2] += wgt * v.z; acc[3] += wgt * v.w;
-    den += wgt;
-  }
-  for (int i = 0; i < 4; i++) out[((long long)b * H + hq) * D + lane * 4 + i] = __float2bfloat16(acc[i] / den);
-}
-
-__global__ void __launch_bounds__(512) grid_read(const uint4 *__restrict__ p, long long n, unsigned *sink) {
-  const long long stride = (long long)gridDim.x * blockDim.x;
-  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-  }
-  for (; i < n; i += stride) { const uint4 a = __ldcs(p + i); acc ^= a.x ^ a.y ^ a.z ^ a.w; }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-
-static float bf2f(__nv_bfloat16 v) { return __bfloat162float(v); }
-static u64 rng = 88172645463325252ull;
-static u64 next() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
-static float urand() { return (float)((next() >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f; }
-
 static void make_map(CUtensorMap *m, void *base, long long npages) {
   const cuuint64_t row = (cuuint64_t)HK * D * 2;
   const cuuint64_t dims[5] = {64, 8, D / 64, HK, (cuuint64_t)npages * PS / 8};
@@ -303,118 +234,30 @@ int main(int argc, char **argv) {
   const int chunk = argc > 3 ? atoi(argv[3]) : 32, mode = argc > 4 ? atoi(argv[4]) : 0;
   const int check = argc > 5 ? atoi(argv[5]) : 1;
   if (L % PS || chunk < 1 || chunk > 32) { printf("L: a multiple of 16; CHUNK 1-32\n"); return 1; }
-  const int pps = L / PS;
-  const long long npages = (long long)B * pps;
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  // caches: random bf16 in [-1, 1), pages in random order
-  std::vector<__nv_bfloat16> hk(npages * PAGE_BYTES / 2), hv(hk.size()), hq((size_t)B * H * D);
-  for (auto &x : hk) x = __float2bfloat16(urand());
-  for (auto &x : hv) x = __float2bfloat16(urand());
-  for (auto &x : hq) x = __float2bfloat16(urand());
-  std::vector<int> perm(npages);
-  for (long long i = 0; i < npages; i++) perm[i] = (int)i;
-  for (long long i = npages - 1; i > 0; i--) std::swap(perm[i], perm[next() % (i + 1)]);
+  decode_case c(B, L);
   // pieces: each sequence in pieces of `chunk` pages, in sequence order
   std::vector<piece> pcs;
-  std::vector<int> first(B), np(B);
   for (int b = 0; b < B; b++) {
-    first[b] = (int)pcs.size();
-    for (int p0 = 0; p0 < pps; p0 += chunk) pcs.push_back(piece{b, p0, std::min(chunk, pps - p0), (int)pcs.size()});
-    np[b] = (int)pcs.size() - first[b];
+    c.first[b] = (int)pcs.size();
+    for (int p0 = 0; p0 < c.pps; p0 += chunk) pcs.push_back(piece{b, p0, std::min(chunk, c.pps - p0), (int)pcs.size()});
+    c.np[b] = (int)pcs.size() - c.first[b];
   }
   const int npc = (int)pcs.size();
-  __nv_bfloat16 *dk, *dv, *dq, *dout;
-  float *po, *pl;
-  int *dpages, *dfirst, *dnp;
+  c.alloc_parts(npc);
   piece *dpcs;
-  u32 *ctr;
-  CK(cudaMalloc(&dk, npages * PAGE_BYTES)); CK(cudaMalloc(&dv, npages * PAGE_BYTES));
-  CK(cudaMalloc(&dq, hq.size() * 2)); CK(cudaMalloc(&dout, hq.size() * 2));
-  CK(cudaMalloc(&po, (size_t)npc * H * D * 4)); CK(cudaMalloc(&pl, (size_t)npc * H * 4));
-  CK(cudaMalloc(&dpages, npages * 4)); CK(cudaMalloc(&dfirst, B * 4)); CK(cudaMalloc(&dnp, B * 4));
-  CK(cudaMalloc(&dpcs, npc * sizeof(piece))); CK(cudaMalloc(&ctr, 4));
-  CK(cudaMemcpy(dk, hk.data(), npages * PAGE_BYTES, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dv, hv.data(), npages * PAGE_BYTES, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dpages, perm.data(), npages * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dfirst, first.data(), B * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dnp, np.data(), B * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&dpcs, npc * sizeof(piece)));
   CK(cudaMemcpy(dpcs, pcs.data(), npc * sizeof(piece), cudaMemcpyHostToDevice));
   CUtensorMap km, vm;
-  make_map(&km, dk, npages);
-  make_map(&vm, dv, npages);
+  make_map(&km, c.dk, c.npages);
+  make_map(&vm, c.dv, c.npages);
   auto kern = mode == 0 ? pagebox<0> : mode == 1 ? pagebox<1> : pagebox<2>;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-  cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1, e2; cudaEventCreate(&e0); cudaEventCreate(&e1); cudaEventCreate(&e2);
-  // the streaming read of 2 GiB (the bench's ceiling kernel), timed alike
-  uint4 *rb; unsigned *sink; CK(cudaMalloc(&rb, 2ull << 30)); CK(cudaMalloc(&sink, 4)); CK(cudaMemset(rb, 1, 2ull << 30));
-  int occ = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, grid_read, 512, 0));
-  float best_read = 1e30f;
-  for (int i = 0; i < 10; i++) {
-    hold<<<1, 1, 0, st>>>(30000);
-    cudaEventRecord(e0, st);
-    grid_read<<<sms * occ, 512, 0, st>>>(rb, (2ll << 30) / 16, sink);
-    cudaEventRecord(e1, st);
-    CK(cudaStreamSynchronize(st));
-    float ms; cudaEventElapsedTime(&ms, e0, e1);
-    if (i > 0) best_read = std::min(best_read, ms);
-  }
-  const double read_gbps = (2.0 * (1 << 30)) / (best_read * 1e-3) / 1e9;
-  const double bytes = 2.0 * npages * PAGE_BYTES;
-  CK(cudaMemset(ctr, 0, 4));
-  std::vector<float> tk, tt;
-  for (int i = 0; i < 28; i++) {
-    hold<<<1, 1, 0, st>>>(30000);
-    CK(cudaMemsetAsync(ctr, 0, 4, st));
-    cudaEventRecord(e0, st);
-    kern<<<sms, NT, SMEM, st>>>(km, vm, dpcs, npc, dpages, pps, dq, scale_log2, po, pl, ctr);
-    cudaEventRecord(e1, st);
-    combine<<<(B * H * 32 + 255) / 256, 256, 0, st>>>(po, pl, dfirst, dnp, B, dout);
-    cudaEventRecord(e2, st);
-    CK(cudaStreamSynchronize(st));
-    float a, c; cudaEventElapsedTime(&a, e0, e1); cudaEventElapsedTime(&c, e0, e2);
-    if (i >= 3) { tk.push_back(a * 1e3f); tt.push_back(c * 1e3f); }
-    usleep(1000);
-  }
-  CK(cudaGetLastError());
-  std::sort(tk.begin(), tk.end()); std::sort(tt.begin(), tt.end());
-  const double k_us = tk[tk.size() / 2], t_us = tt[tt.size() / 2];
-  printf("pagebox %dx%d chunk %d (%d pieces, %.2f a SM) mode %d: kernel %.1f us (%.1f GB/s, %.3f of read %.1f), "
-         "with combine %.1f us (%.3f); 0.97 of read: %.1f us\n",
-         B, L, chunk, npc, (double)npc / sms, mode, k_us, bytes / k_us / 1e3, bytes / k_us / 1e3 / read_gbps, read_gbps,
-         t_us, bytes / t_us / 1e3 / read_gbps, bytes / (0.97 * read_gbps) / 1e3);
-  if (mode == 0 && check) {
-    // float64 reference of a few (sequence, head) rows
-    std::vector<__nv_bfloat16> out(hq.size());
-    CK(cudaMemcpy(out.data(), dout, out.size() * 2, cudaMemcpyDeviceToHost));
-    double maxd = 0;
-    for (int t = 0; t < 16; t++) {
-      const int b = (int)(next() % B), hq_ = (int)(next() % H), kh = hq_ / GT;
-      std::vector<double> sc(L);
-      double mx = -1e300;
-      for (int k = 0; k < L; k++) {
-        const long long pg = perm[(long long)b * pps + k / PS];
-        const __nv_bfloat16 *kr = &hk[((pg * PS + k % PS) * HK + kh) * D];
-        double s = 0;
-        for (int d = 0; d < D; d++) s += (double)bf2f(hq[((long long)b * H + hq_) * D + d]) * bf2f(kr[d]);
-        sc[k] = s / sqrt((double)D);
-        mx = std::max(mx, sc[k]);
-      }
-      double den = 0;
-      for (int k = 0; k < L; k++) den += (sc[k] = exp(sc[k] - mx));
-      for (int d = 0; d < D; d++) {
-        double acc = 0;
-        for (int k = 0; k < L; k++) {
-          const long long pg = perm[(long long)b * pps + k / PS];
-          acc += sc[k] * bf2f(hv[((pg * PS + k % PS) * HK + kh) * D + d]);
-        }
-        maxd = std::max(maxd, fabs(acc / den - bf2f(out[((long long)b * H + hq_) * D + d])));
-      }
-    }
-    printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", maxd);
-  }
+  const double read_gbps = c.read_ceiling();
+  double k_us, t_us;
+  c.time_calls([&] { kern<<<c.sms, NT, SMEM, c.st>>>(km, vm, dpcs, npc, c.dpages, c.pps, c.dq, scale_log2, c.po, c.pl, c.ctr); },
+               &k_us, &t_us);
+  report("pagebox", c, chunk, npc, mode, read_gbps, k_us, t_us);
+  if (mode == 0 && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
   return 0;
 }

@@ -1,0 +1,215 @@
+// scripts/micro/decode_burst.cu -- the decode design that kernels/NOTES.md
+// session 28 left to try, standalone, NOT YET RUN ON A GPU (written after that
+// session's device time was spent; compiled with nvcc 13.0 for sm_90a only).
+// read_size.cu found cp.async copies issued in bursts that each wait for all
+// of themselves (stealcp: 16 KB a block, 4-8 blocks a SM) reading at 0.99-1.00
+// of the read ceiling on every board, where rings shaped like the decode
+// kernel's read 0.88-0.98. Here each warp is a stream of its own: a block is
+// one warp, a piece is (sequence, kv head, CHUNK pages) and its warp owns the
+// 4 query heads of that kv head for the whole piece (no merge with another
+// warp, no block barrier). A burst is one page's 16 rows of the head in K
+// and V (8 KB: 16 cp.async a lane, one group); the warp waits for all of it,
+// takes its K and V fragments into registers, sends the next burst (the
+// piece's next page, or the next piece's first with its q) into the same
+// buffer, then does the burst's arithmetic while that one flies. Pieces come
+// from a counter, the next one claimed under the current one; their partial
+// rows are merged by decode_micro.cuh's combine kernel (a second launch, timed
+// apart). The bench's shapes, timed as the library times a call, checked
+// against float64 on the host.
+//   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
+//   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept)
+// What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
+// same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
+#include "decode_micro.cuh"
+
+constexpr int ROWB = D * 2;            // a key's row of one head: 256 bytes
+constexpr int BURST = 2 * PS * ROWB;   // K and V rows of one page and head: 8 KB
+constexpr int QB = GT * ROWB;          // a piece's q rows (4 query heads): 1 KB
+constexpr int SMEM = BURST + QB;
+
+struct bpiece { int b, hk, p0, np, part; }; // sequence, kv head, first page index, pages, partial row index
+
+__device__ __forceinline__ void cp16(u32 dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+// a row's 16-byte chunk c at the swizzled place: chunk c ^ (row & 7), so that the 8 rows an
+// ldmatrix reads at one column fall in different banks
+__device__ __forceinline__ u32 row_off(int row, int c) { return row * ROWB + ((c ^ (row & 7)) << 4); }
+
+template <int MODE>
+__global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
+                                            int npieces, const int *pages, int pps, const __nv_bfloat16 *q,
+                                            float scale_log2, float *part_o, float *part_lse, u32 *counter) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 kb = saddr(smem), vb = kb + PS * ROWB, qb = kb + BURST;
+  const int lane = threadIdx.x, g = lane >> 2, t4 = lane & 3;
+  // the burst of page `page` (pool index), kv head hk: rows r = 2 i + lane / 16, chunk lane % 16
+  auto issue = [&](int page, int hk) {
+#pragma unroll
+    for (int i = 0; i < PS / 2; i++) {
+      const int r = 2 * i + (lane >> 4), c = lane & 15;
+      const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8; // elements
+      cp16(kb + row_off(r, c), kc + off);
+      cp16(vb + row_off(r, c), vc + off);
+    }
+  };
+  // a piece's q rows (its 4 query heads; lanes 0-31: 1 KB, 2 chunks a lane)
+  auto issue_q = [&](const bpiece &pc) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int e = lane + 32 * i, r = e >> 4, c = e & 15;
+      cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
+    }
+  };
+  auto claim = [&]() {
+    u32 v = lane == 0 ? atomicAdd(counter, 1u) : 0u;
+    return __shfl_sync(~0u, v, 0);
+  };
+  u32 cur = claim();
+  if (cur >= (u32)npieces) return;
+  bpiece pc = pieces[cur];
+  int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0; // lane i: the piece's page i
+  issue(__shfl_sync(~0u, ids, 0), pc.hk);
+  issue_q(pc);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  u32 qa[D / 16][4];
+  float o[D / 8][4];
+  for (;;) {
+    // the next piece: its claim's atomic now, its item and page ids two pages on (or at the last)
+    u32 nx_raw = lane == 0 ? atomicAdd(counter, 1u) : 0u;
+    u32 nx = (u32)npieces;
+    bpiece pn{0, 0, 0, 0, 0};
+    int nids = 0;
+    float m0 = -INFINITY, l0 = 0.f;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    const int at = min(2, pc.np - 1);
+    for (int i = 0; i < pc.np; i++) {
+      if (i == at) {
+        nx = __shfl_sync(~0u, nx_raw, 0);
+        if (nx < (u32)npieces) pn = pieces[nx];
+        nids = nx < (u32)npieces && lane < pn.np ? pages[(long long)pn.b * pps + pn.p0 + lane] : 0;
+      }
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      __syncwarp();
+      if (i == 0) {
+        // Q fragments, rows g < GT (the rest zero)
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+          u32 a0 = 0, a2 = 0;
+          if (g < GT) {
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
+          }
+          qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
+        }
+      }
+      // K fragments (x4: keys 0-7 / 8-15 x columns 16 ks + 0 / 8) and V's (transposed)
+      u32 kf[D / 16][4], vf[D / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks++) {
+        const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
+        ldsm4(kf[ks], kb + row_off(key, c));
+      }
+#pragma unroll
+      for (int np = 0; np < D / 16; np++) {
+        const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
+        ldsm4t(vf[np], vb + row_off(key, c));
+      }
+      __syncwarp();
+      // the next burst into the same buffer: this piece's next page, or the next piece's first
+      if (i + 1 < pc.np) issue(__shfl_sync(~0u, ids, i + 1), pc.hk);
+      else if (nx < (u32)npieces) { issue(__shfl_sync(~0u, nids, 0), pn.hk); issue_q(pn); }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      if (MODE == 0) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+          mma(sa[0], qa[ks], kf[ks][0], kf[ks][1]);
+          mma(sa[1], qa[ks], kf[ks][2], kf[ks][3]);
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) sa[0][0] += __int_as_float(kf[ks][0] & 0x80000000u);
+      }
+      // online softmax of row g (rows g + 8 are padding: P = 0)
+      float mx = fmaxf(fmaxf(sa[0][0], sa[0][1]), fmaxf(sa[1][0], sa[1][1])) * scale_log2;
+      mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
+      const float mnew = fmaxf(m0, mx), alpha = exp2f(m0 - mnew);
+      float p[2][2];
+#pragma unroll
+      for (int n = 0; n < 2; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) p[n][e] = exp2f(sa[n][e] * scale_log2 - mnew);
+      l0 = l0 * alpha + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+      m0 = mnew;
+#pragma unroll
+      for (int n = 0; n < D / 8; n++) { o[n][0] *= alpha; o[n][1] *= alpha; }
+      const u32 pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
+      if (MODE == 0) {
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+          mma(o[2 * np], pa, vf[np][0], vf[np][1]);
+          mma(o[2 * np + 1], pa, vf[np][2], vf[np][3]);
+        }
+      } else {
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) o[np][0] += __int_as_float(vf[np][0] & 0x80000000u) + pa[0] * 0.f;
+      }
+    }
+    // the piece's partial rows: o / l and lse (log2 units) of query heads hk GT + g
+    float l = l0 + __shfl_xor_sync(~0u, l0, 1);
+    l += __shfl_xor_sync(~0u, l, 2);
+    if (g < GT) {
+      const long long row = (long long)pc.part * H + pc.hk * GT + g;
+      const float inv = 1.f / l;
+#pragma unroll
+      for (int n = 0; n < D / 8; n++)
+        *(float2 *)(part_o + row * D + n * 8 + 2 * t4) = make_float2(o[n][0] * inv, o[n][1] * inv);
+      if (t4 == 0) part_lse[row] = m0 + log2f(l);
+    }
+    if (nx >= (u32)npieces) break;
+    cur = nx; pc = pn; ids = nids;
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+int main(int argc, char **argv) {
+  const int B = argc > 1 ? atoi(argv[1]) : 64, L = argc > 2 ? atoi(argv[2]) : 4096;
+  const int chunk = argc > 3 ? atoi(argv[3]) : 32, mode = argc > 4 ? atoi(argv[4]) : 0;
+  const int check = argc > 5 ? atoi(argv[5]) : 1;
+  if (L % PS || chunk < 1 || chunk > 32) { printf("L: a multiple of 16; CHUNK 1-32\n"); return 1; }
+  decode_case c(B, L);
+  // pieces: sequence b's key ranges of `chunk` pages, each for the 8 kv heads in turn (the
+  // heads of one range claimed together, so the pages' 8 head rows are read at about one time)
+  std::vector<bpiece> pcs;
+  for (int b = 0; b < B; b++) {
+    int r = 0;
+    for (int p0 = 0; p0 < c.pps; p0 += chunk, r++)
+      for (int hk = 0; hk < HK; hk++) pcs.push_back(bpiece{b, hk, p0, std::min(chunk, c.pps - p0), 0});
+    c.np[b] = r;
+  }
+  for (int b = 0, f = 0; b < B; f += c.np[b], b++) c.first[b] = f;
+  for (auto &pc : pcs) pc.part = c.first[pc.b] + pc.p0 / chunk;
+  const int npc = (int)pcs.size();
+  c.alloc_parts(c.first[B - 1] + c.np[B - 1]);
+  bpiece *dpcs;
+  CK(cudaMalloc(&dpcs, npc * sizeof(bpiece)));
+  CK(cudaMemcpy(dpcs, pcs.data(), npc * sizeof(bpiece), cudaMemcpyHostToDevice));
+  auto kern = mode == 0 ? burst<0> : burst<1>;
+  CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+  int occ = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32, SMEM));
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, kern));
+  printf("burst: %d registers, %d warps a SM (%d of shared memory each)\n", fa.numRegs, occ, SMEM);
+  const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+  const double read_gbps = c.read_ceiling();
+  double k_us, t_us;
+  c.time_calls([&] { kern<<<c.sms * occ, 32, SMEM, c.st>>>(c.dk, c.dv, dpcs, npc, c.dpages, c.pps, c.dq, scale_log2, c.po, c.pl, c.ctr); },
+               &k_us, &t_us);
+  report("burst", c, chunk, npc, mode, read_gbps, k_us, t_us);
+  if (mode == 0 && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
+  return 0;
+}
