@@ -11,10 +11,11 @@
 // times a call (a hold kernel, then events), against the streaming read
 // measured in the same run, with the output checked against a float64
 // reference on the host. No masks, no options: what it answers is whether
-// the stream of whole-page boxes with this arithmetic reaches 0.97.
+// the stream of whole-page boxes with this arithmetic reaches 0.97 (it does
+// not: 0.94, below the library's decode kernel; NOTES session 28).
 //   nvcc -O3 -arch=sm_90a -o /tmp/pagebox scripts/micro/decode_pagebox.cu -lcuda && /tmp/pagebox
 //   /tmp/pagebox B L CHUNK [MODE]   (CHUNK pages a piece; MODE 0 full, 1 no MMAs, 2 neither
-//   arithmetic nor q: the stream of page boxes alone)
+//   MMAs nor q: the stream of page boxes and the softmax's exponentials)
 #include <cuda.h>
 #include "decode_micro.cuh"
 
