@@ -61,11 +61,7 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
       cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
     }
   };
-  auto claim = [&]() {
-    u32 v = lane == 0 ? atomicAdd(counter, 1u) : 0u;
-    return __shfl_sync(~0u, v, 0);
-  };
-  u32 cur = claim();
+  const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
   if (cur >= (u32)npieces) return;
   bpiece pc = pieces[cur];
   int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0; // lane i: the piece's page i
@@ -73,16 +69,14 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
   issue_q(pc);
   asm volatile("cp.async.commit_group;" ::: "memory");
   u32 qa[D / 16][4];
-  float o[D / 8][4];
+  head_tile t;
   for (;;) {
     // the next piece: its claim's atomic now, its item and page ids two pages on (or at the last)
     u32 nx_raw = lane == 0 ? atomicAdd(counter, 1u) : 0u;
     u32 nx = (u32)npieces;
     bpiece pn{0, 0, 0, 0, 0};
     int nids = 0;
-    float m0 = -INFINITY, l0 = 0.f;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    t.reset();
     const int at = min(2, pc.np - 1);
     for (int i = 0; i < pc.np; i++) {
       if (i == at) {
@@ -121,56 +115,15 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
       if (i + 1 < pc.np) issue(__shfl_sync(~0u, ids, i + 1), pc.hk);
       else if (nx < (u32)npieces) { issue(__shfl_sync(~0u, nids, 0), pn.hk); issue_q(pn); }
       asm volatile("cp.async.commit_group;" ::: "memory");
-      float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      if (MODE == 0) {
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-          mma(sa[0], qa[ks], kf[ks][0], kf[ks][1]);
-          mma(sa[1], qa[ks], kf[ks][2], kf[ks][3]);
-        }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) sa[0][0] += __int_as_float(kf[ks][0] & 0x80000000u);
-      }
-      // online softmax of row g (rows g + 8 are padding: P = 0)
-      float mx = fmaxf(fmaxf(sa[0][0], sa[0][1]), fmaxf(sa[1][0], sa[1][1])) * scale_log2;
-      mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
-      const float mnew = fmaxf(m0, mx), alpha = exp2f(m0 - mnew);
-      float p[2][2];
-#pragma unroll
-      for (int n = 0; n < 2; n++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) p[n][e] = exp2f(sa[n][e] * scale_log2 - mnew);
-      l0 = l0 * alpha + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-      m0 = mnew;
-#pragma unroll
-      for (int n = 0; n < D / 8; n++) { o[n][0] *= alpha; o[n][1] *= alpha; }
-      const u32 pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
-      if (MODE == 0) {
-#pragma unroll
-        for (int np = 0; np < D / 16; np++) {
-          mma(o[2 * np], pa, vf[np][0], vf[np][1]);
-          mma(o[2 * np + 1], pa, vf[np][2], vf[np][3]);
-        }
-      } else {
-#pragma unroll
-        for (int np = 0; np < D / 16; np++) o[np][0] += __int_as_float(vf[np][0] & 0x80000000u) + pa[0] * 0.f;
-      }
+      float sa[2][4];
+      u32 pa[4];
+      t.qk<MODE == 0>(sa, qa, kf);
+      t.softmax(sa, scale_log2, pa);
+      t.pv<MODE == 0>(pa, vf);
     }
-    // the piece's partial rows: o / l and lse (log2 units) of query heads hk GT + g
-    float l = l0 + __shfl_xor_sync(~0u, l0, 1);
-    l += __shfl_xor_sync(~0u, l, 2);
-    if (g < GT) {
-      const long long row = (long long)pc.part * H + pc.hk * GT + g;
-      const float inv = 1.f / l;
-#pragma unroll
-      for (int n = 0; n < D / 8; n++)
-        *(float2 *)(part_o + row * D + n * 8 + 2 * t4) = make_float2(o[n][0] * inv, o[n][1] * inv);
-      if (t4 == 0) part_lse[row] = m0 + log2f(l);
-    }
+    t.write(part_o, part_lse, (long long)pc.part * H + pc.hk * GT, lane); // the piece's partial rows
     if (nx >= (u32)npieces) break;
-    cur = nx; pc = pn; ids = nids;
+    pc = pn; ids = nids;
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }

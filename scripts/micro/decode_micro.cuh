@@ -37,6 +37,79 @@ __device__ __forceinline__ u32 pack(float lo, float hi) {
   return *(u32 *)&v;
 }
 
+// One warp's head tile (4 query heads in MMA rows 0-3 of lanes' row g; rows g + 8 and g >= GT
+// are padding) over 16 keys a step: o (f32, unnormalised), m (log2 units) and this lane's part
+// of l. MMA false: no MMAs, the fragments kept alive by their sign bits (the softmax's
+// exponentials stay: P feeds a product by 0), the micros' "no MMAs" modes.
+struct head_tile {
+  float o[D / 8][4];
+  float m, l;
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    m = -INFINITY; l = 0.f;
+  }
+  // S = Q K^T for the step's 16 keys (K fragments: x4 = keys 0-7 / 8-15 x columns 16 ks + 0 / 8)
+  template <bool MMA> __device__ __forceinline__ void qk(float (&sa)[2][4], const u32 (&qa)[D / 16][4], const u32 (&kf)[D / 16][4]) {
+#pragma unroll
+    for (int n = 0; n < 2; n++) sa[n][0] = sa[n][1] = sa[n][2] = sa[n][3] = 0.f;
+    if (MMA) {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks++) {
+        mma(sa[0], qa[ks], kf[ks][0], kf[ks][1]);
+        mma(sa[1], qa[ks], kf[ks][2], kf[ks][3]);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks++) sa[0][0] += __int_as_float(kf[ks][0] & 0x80000000u);
+    }
+  }
+  // the online softmax of row g: m, l and o rescaled, P (bf16) as the A fragment pa
+  __device__ __forceinline__ void softmax(const float (&sa)[2][4], float scale_log2, u32 (&pa)[4]) {
+    float mx = fmaxf(fmaxf(sa[0][0], sa[0][1]), fmaxf(sa[1][0], sa[1][1])) * scale_log2;
+    mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
+    const float mnew = fmaxf(m, mx), alpha = exp2f(m - mnew);
+    float p[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+#pragma unroll
+      for (int i = 0; i < 2; i++) p[n][i] = exp2f(sa[n][i] * scale_log2 - mnew);
+    l = l * alpha + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+    m = mnew;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) { o[n][0] *= alpha; o[n][1] *= alpha; }
+    pa[0] = pack(p[0][0], p[0][1]); pa[1] = 0u; pa[2] = pack(p[1][0], p[1][1]); pa[3] = 0u;
+  }
+  // o += P V (V fragments by ldmatrix.trans: x4 = columns 16 np + 0 / 8 over keys 0-7 / 8-15)
+  template <bool MMA> __device__ __forceinline__ void pv(const u32 (&pa)[4], const u32 (&vf)[D / 16][4]) {
+    if (MMA) {
+#pragma unroll
+      for (int np = 0; np < D / 16; np++) {
+        mma(o[2 * np], pa, vf[np][0], vf[np][1]);
+        mma(o[2 * np + 1], pa, vf[np][2], vf[np][3]);
+      }
+    } else {
+#pragma unroll
+      for (int np = 0; np < D / 16; np++) o[np][0] += __int_as_float(vf[np][0] & 0x80000000u) + pa[0] * 0.f;
+    }
+  }
+  // the partial rows row0 + g (g < GT): o / l and lse (log2 units)
+  __device__ __forceinline__ void write(float *part_o, float *part_lse, long long row0, int lane) const {
+    const int g = lane >> 2, t4 = lane & 3;
+    float lt = l + __shfl_xor_sync(~0u, l, 1);
+    lt += __shfl_xor_sync(~0u, lt, 2);
+    if (g < GT) {
+      const long long row = row0 + g;
+      const float inv = 1.f / lt;
+#pragma unroll
+      for (int n = 0; n < D / 8; n++)
+        *(float2 *)(part_o + row * D + n * 8 + 2 * t4) = make_float2(o[n][0] * inv, o[n][1] * inv);
+      if (t4 == 0) part_lse[row] = m + log2f(lt);
+    }
+  }
+};
+
 __global__ void hold(u64 ns) {
   u64 t0, t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do { __nanosleep(1000); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);

@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
   // consumer warp h = warp: kv head h, query heads h GT .. h GT + 3 in MMA rows 0-3
   const int h = warp, g = lane >> 2, t4 = lane & 3;
   u32 qa[D / 16][4];
-  float o[D / 8][4];
-  float m0 = -INFINITY, l0 = 0.f;
+  head_tile t; // (reset at each piece's first page)
   int npc = 0; // (pieces started: their q buffer is npc & 1, as the producer's)
   for (int it = 0;; it++) {
     const int s = it % STAGES;
@@ -141,9 +140,7 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
         }
         qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
       }
-#pragma unroll
-      for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-      m0 = -INFINITY; l0 = 0.f;
+      t.reset();
     }
     const u32 kb = saddr(kbuf + s * PAGE_BYTES), vb = saddr(vbuf + s * PAGE_BYTES);
     // K fragments: x4 = keys 0-7 / 8-15 x columns 16 ks + 0 / 8
@@ -155,34 +152,10 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty_k[s]);
-    float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    if (MODE == 0) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ks++) {
-        mma(sa[0], qa[ks], kf[ks][0], kf[ks][1]);
-        mma(sa[1], qa[ks], kf[ks][2], kf[ks][3]);
-      }
-    } else {
-      // no MMAs: the fragments kept alive by their sign bits (the softmax's exponentials stay:
-      // P feeds the product by 0 below)
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ks++) sa[0][0] += __int_as_float(kf[ks][0] & 0x80000000u);
-    }
-    // online softmax of row g (rows g + 8 are padding: P = 0)
-    float mx = fmaxf(fmaxf(sa[0][0], sa[0][1]), fmaxf(sa[1][0], sa[1][1])) * scale_log2;
-    mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, 2));
-    const float mnew = fmaxf(m0, mx), alpha = exp2f(m0 - mnew);
-    float p[2][2];
-#pragma unroll
-    for (int n = 0; n < 2; n++)
-#pragma unroll
-      for (int i = 0; i < 2; i++) p[n][i] = exp2f(sa[n][i] * scale_log2 - mnew);
-    l0 = l0 * alpha + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-    m0 = mnew;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) { o[n][0] *= alpha; o[n][1] *= alpha; }
-    const u32 pa[4] = {pack(p[0][0], p[0][1]), 0u, pack(p[1][0], p[1][1]), 0u};
+    float sa[2][4];
+    u32 pa[4];
+    t.qk<MODE == 0>(sa, qa, kf);
+    t.softmax(sa, scale_log2, pa);
     mbar_wait(&full_v[s], ph);
     u32 vf[D / 16][4];
 #pragma unroll
@@ -192,29 +165,8 @@ __global__ void __launch_bounds__(NT, 1) pagebox(const __grid_constant__ CUtenso
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty_v[s]);
-    if (MODE == 0) {
-#pragma unroll
-      for (int np = 0; np < D / 16; np++) {
-        mma(o[2 * np], pa, vf[np][0], vf[np][1]);
-        mma(o[2 * np + 1], pa, vf[np][2], vf[np][3]);
-      }
-    } else {
-#pragma unroll
-      for (int np = 0; np < D / 16; np++) o[np][0] += __int_as_float(vf[np][0] & 0x80000000u) + pa[0] * 0.f;
-    }
-    if (idx == pc.np - 1) {
-      // the piece's partial rows: o / l and lse (log2 units) of query heads h GT + g
-      float l = l0 + __shfl_xor_sync(~0u, l0, 1);
-      l += __shfl_xor_sync(~0u, l, 2);
-      if (g < GT) {
-        const long long row = (long long)pc.part * H + h * GT + g;
-        const float inv = 1.f / l;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-          *(float2 *)(part_o + row * D + n * 8 + 2 * t4) = make_float2(o[n][0] * inv, o[n][1] * inv);
-        if (t4 == 0) part_lse[row] = m0 + log2f(l);
-      }
-    }
+    t.pv<MODE == 0>(pa, vf);
+    if (idx == pc.np - 1) t.write(part_o, part_lse, (long long)pc.part * H + h * GT, lane); // the piece's partial rows
   }
 }
 

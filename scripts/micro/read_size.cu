@@ -74,13 +74,21 @@ __global__ void __launch_bounds__(128) steal_read(const uint4 *__restrict__ p, l
   }
   if (acc == 0x9e3779b9u) *sink = acc;
 }
-// resident blocks of NT threads streaming 64 KB chunks from a counter through a ring of ST
-// shared-memory stages of SB bytes by cp.async (16 bytes a thread an instruction), the decode
-// kernel's copy engine without its arithmetic: a stage is waited for (wait_group ST - 2), a
-// barrier, read back (each thread its own 16-byte words), and the copies of stage G + ST - 1
-// go out into the buffer stage G - 1 left; the next chunk is claimed a chunk ahead
 __device__ __forceinline__ void cp16(void *dst, const void *src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+// one chunk of `words` 16-byte words as stealcp reads it: each thread's 8 copies by cp.async
+// into its own words of buf (8 x 128 of them), wait_group 0, read back
+__device__ __forceinline__ unsigned cp_chunk(uint4 *buf, const uint4 *__restrict__ q, long long words) {
+  unsigned acc = 0;
+  for (long long i = threadIdx.x; i < words; i += 1024) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) cp16(&buf[k * 128 + threadIdx.x], q + i + k * 128);
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+#pragma unroll
+    for (int k = 0; k < 8; k++) { const uint4 v = buf[k * 128 + threadIdx.x]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+  }
+  return acc;
 }
 // steal's blocks and chunks with each thread's 8 loads by cp.async into its own 16-byte words of
 // shared memory (wait_group 0, then read back): LDGSTS against LDG, nothing else changed
@@ -96,14 +104,7 @@ __global__ void __launch_bounds__(128) steal_cp_read(const uint4 *__restrict__ p
     const int c = s_c;
     __syncthreads();
     if (c >= nchunks) break;
-    const uint4 *q = p + (long long)c * words;
-    for (long long i = threadIdx.x; i < words; i += 1024) {
-#pragma unroll
-      for (int k = 0; k < 8; k++) cp16(&buf[k * 128 + threadIdx.x], q + i + k * 128);
-      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-#pragma unroll
-      for (int k = 0; k < 8; k++) { const uint4 v = buf[k * 128 + threadIdx.x]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
-    }
+    acc ^= cp_chunk(buf, p + (long long)c * words, words);
   }
   if (acc == 0x9e3779b9u) *sink = acc;
 }
@@ -122,20 +123,18 @@ __global__ void __launch_bounds__(128) steal_cp_ahead(const uint4 *__restrict__ 
     if (c >= nchunks) break;
     unsigned nx = 0;
     if (threadIdx.x == 0) nx = atomicAdd(counter, 1u);
-    const uint4 *q = p + (long long)c * words;
-    for (long long i = threadIdx.x; i < words; i += 1024) {
-#pragma unroll
-      for (int k = 0; k < 8; k++) cp16(&buf[k * 128 + threadIdx.x], q + i + k * 128);
-      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-#pragma unroll
-      for (int k = 0; k < 8; k++) { const uint4 v = buf[k * 128 + threadIdx.x]; acc ^= v.x ^ v.y ^ v.z ^ v.w; }
-    }
+    acc ^= cp_chunk(buf, p + (long long)c * words, words);
     if (threadIdx.x == 0) s_c[(n + 1) & 1] = (int)nx;
     __syncthreads();
   }
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// resident blocks of NT threads streaming 64 KB chunks from a counter through a ring of ST
+// shared-memory stages of SB bytes by cp.async (16 bytes a thread an instruction), the decode
+// kernel's copy engine without its arithmetic: a stage is waited for (wait_group ST - 2), a
+// barrier, read back (each thread its own 16-byte words), and the copies of stage G + ST - 1
+// go out into the buffer stage G - 1 left; the next chunk is claimed a chunk ahead
 template <int NT, int SB, int ST, bool BAR = true, int TAG = 0>
 __global__ void __launch_bounds__(NT) cp_read(const uint4 *__restrict__ p, long long, int nchunks, unsigned *counter,
                                               unsigned *sink) { // (chunks of 64 KB: no words argument used)
