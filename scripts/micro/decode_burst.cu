@@ -17,7 +17,8 @@
 // apart). The bench's shapes, timed as the library times a call, checked
 // against float64 on the host.
 //   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
-//   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept)
+//   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept;
+//   2 / 3 the same with two bursts in flight a warp, burst2)
 // What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
 // same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
 #include "decode_micro.cuh"
@@ -25,7 +26,6 @@
 constexpr int ROWB = D * 2;            // a key's row of one head: 256 bytes
 constexpr int BURST = 2 * PS * ROWB;   // K and V rows of one page and head: 8 KB
 constexpr int QB = GT * ROWB;          // a piece's q rows (4 query heads): 1 KB
-constexpr int SMEM = BURST + QB;
 
 struct bpiece { int b, hk, p0, np, part; }; // sequence, kv head, first page index, pages, partial row index
 
@@ -128,6 +128,106 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
+// Two bursts in flight a warp (NB2): the burst of page i + 2 goes out into page i's buffer once
+// page i's arithmetic has read it, so a warp waits (wait_group 1) only for the older of two;
+// the fragments are taken from shared memory as the MMAs need them (fewer registers, so
+// 12 warps a SM: 192 KB in flight a SM against NB1's 64 KB). Pieces of 2 pages or more.
+template <int MODE>
+__global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
+                                             int npieces, const int *pages, int pps, const __nv_bfloat16 *q,
+                                             float scale_log2, float *part_o, float *part_lse, u32 *counter) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const u32 b0 = saddr(smem), qb = b0 + 2 * BURST;
+  const int lane = threadIdx.x, g = lane >> 2, t4 = lane & 3;
+  auto issue = [&](u32 kb, int page, int hk) {
+    const u32 vb = kb + PS * ROWB;
+#pragma unroll
+    for (int i = 0; i < PS / 2; i++) {
+      const int r = 2 * i + (lane >> 4), c = lane & 15;
+      const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8;
+      cp16(kb + row_off(r, c), kc + off);
+      cp16(vb + row_off(r, c), vc + off);
+    }
+  };
+  auto issue_q = [&](const bpiece &pc) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int e = lane + 32 * i, r = e >> 4, c = e & 15;
+      cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
+    }
+  };
+  const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
+  if (cur >= (u32)npieces) return;
+  bpiece pc = pieces[cur];
+  int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0;
+  issue(b0, __shfl_sync(~0u, ids, 0), pc.hk);
+  issue_q(pc);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  issue(b0 + BURST, __shfl_sync(~0u, ids, 1), pc.hk);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+  u32 qa[D / 16][4];
+  head_tile t;
+  int buf = 0; // the buffer of this piece's page i (bursts alternate over the whole stream)
+  for (;;) {
+    u32 nx_raw = lane == 0 ? atomicAdd(counter, 1u) : 0u;
+    u32 nx = (u32)npieces;
+    bpiece pn{0, 0, 0, 0, 0};
+    int nids = 0;
+    t.reset();
+    const int at = min(1, pc.np - 2);
+    for (int i = 0; i < pc.np; i++) {
+      if (i == at) {
+        nx = __shfl_sync(~0u, nx_raw, 0);
+        if (nx < (u32)npieces) pn = pieces[nx];
+        nids = nx < (u32)npieces && lane < pn.np ? pages[(long long)pn.b * pps + pn.p0 + lane] : 0;
+      }
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      __syncwarp();
+      const u32 kb = b0 + buf * BURST, vb = kb + PS * ROWB;
+      if (i == 0) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+          u32 a0 = 0, a2 = 0;
+          if (g < GT) {
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
+          }
+          qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
+        }
+      }
+      u32 kf[D / 16][4], vf[D / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks++) {
+        const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
+        ldsm4(kf[ks], kb + row_off(key, c));
+      }
+      float sa[2][4];
+      u32 pa[4];
+      t.qk<MODE == 0>(sa, qa, kf);
+#pragma unroll
+      for (int np = 0; np < D / 16; np++) {
+        const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
+        ldsm4t(vf[np], vb + row_off(key, c));
+      }
+      t.softmax(sa, scale_log2, pa);
+      t.pv<MODE == 0>(pa, vf);
+      __syncwarp();
+      // the burst two on from this one, into this one's buffer
+      if (i + 2 < pc.np) issue(kb, __shfl_sync(~0u, ids, i + 2), pc.hk);
+      else if (nx < (u32)npieces) {
+        issue(kb, __shfl_sync(~0u, nids, i + 2 - pc.np), pn.hk);
+        if (i + 2 == pc.np) issue_q(pn);
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      buf ^= 1;
+    }
+    t.write(part_o, part_lse, (long long)pc.part * H + pc.hk * GT, lane);
+    if (nx >= (u32)npieces) break;
+    pc = pn; ids = nids;
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
 int main(int argc, char **argv) {
   const int B = argc > 1 ? atoi(argv[1]) : 64, L = argc > 2 ? atoi(argv[2]) : 4096;
   const int chunk = argc > 3 ? atoi(argv[3]) : 32, mode = argc > 4 ? atoi(argv[4]) : 0;
@@ -150,19 +250,22 @@ int main(int argc, char **argv) {
   bpiece *dpcs;
   CK(cudaMalloc(&dpcs, npc * sizeof(bpiece)));
   CK(cudaMemcpy(dpcs, pcs.data(), npc * sizeof(bpiece), cudaMemcpyHostToDevice));
-  auto kern = mode == 0 ? burst<0> : burst<1>;
+  const bool two = mode >= 2; // modes 2 / 3: burst2, full / no MMAs
+  if (two && (chunk < 2 || c.pps % chunk == 1)) { printf("two bursts in flight: pieces of 2 pages or more\n"); return 1; }
+  auto kern = mode == 0 ? burst<0> : mode == 1 ? burst<1> : mode == 2 ? burst2<0> : burst2<1>;
+  const int SMEM = two ? 2 * BURST + QB : BURST + QB;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   int occ = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32, SMEM));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kern));
-  printf("burst: %d registers, %d warps a SM (%d of shared memory each)\n", fa.numRegs, occ, SMEM);
+  printf("%s: %d registers, %d warps a SM (%d of shared memory each)\n", two ? "burst2" : "burst", fa.numRegs, occ, SMEM);
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
   const double read_gbps = c.read_ceiling();
   double k_us, t_us;
   c.time_calls([&] { kern<<<c.sms * occ, 32, SMEM, c.st>>>(c.dk, c.dv, dpcs, npc, c.dpages, c.pps, c.dq, scale_log2, c.po, c.pl, c.ctr); },
                &k_us, &t_us);
-  report("burst", c, chunk, npc, mode, read_gbps, k_us, t_us);
-  if (mode == 0 && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
+  report(two ? "burst2" : "burst", c, chunk, npc, mode, read_gbps, k_us, t_us);
+  if ((mode == 0 || mode == 2) && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
   return 0;
 }
