@@ -115,6 +115,24 @@ __global__ void hold(u64 ns) {
   do { __nanosleep(1000); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
 }
 
+// The SM clock by windows (clock_probe.cu; decode_case's PROBE=1): lane 0 of one block a SM
+// counts clock64 cycles over PW windows of PWIN ns of %globaltimer from its start.
+constexpr int PW = 48;
+constexpr u64 PWIN = 10000;
+__global__ void probe(float *mhz) {
+  if (threadIdx.x != 0) return;
+  u64 t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (int w = 0; w < PW; w++) {
+    const u64 c0 = clock64();
+    u64 ts;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ts));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < (u64)(w + 1) * PWIN);
+    const u64 c1 = clock64();
+    mhz[blockIdx.x * PW + w] = (float)((double)(c1 - c0) / (double)(t - ts) * 1e3);
+  }
+}
+
 // The pieces of each sequence merged: one warp a (sequence, query head). Partial row
 // (first_part[b] + r) * H + head holds piece r's o / l (f32) and its lse (log2 units).
 __global__ void combine(const float *part_o, const float *part_lse, const int *first_part, const int *nparts, int B,
@@ -215,7 +233,15 @@ struct decode_case {
   // each): the medians of the kernel alone and of kernel + combine, us
   template <class F> void time_calls(F launch, double *k_us, double *t_us) {
     std::vector<float> tk, tt;
+    // PROBE=1: the SM clock through each call (probe's windows from the hold's start)
+    const bool prb = getenv("PROBE") && atoi(getenv("PROBE"));
+    float *dm = nullptr;
+    cudaStream_t st2 = nullptr;
+    std::vector<float> hm(sms * PW);
+    std::vector<std::vector<float>> win(PW);
+    if (prb) { CK(cudaMalloc(&dm, sms * PW * 4)); CK(cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking)); }
     for (int i = 0; i < 28; i++) {
+      if (prb) probe<<<sms, 32, 0, st2>>>(dm);
       hold<<<1, 1, 0, st>>>(30000);
       CK(cudaMemsetAsync(ctr, 0, 4, st));
       cudaEventRecord(e0, st);
@@ -226,7 +252,22 @@ struct decode_case {
       CK(cudaStreamSynchronize(st));
       float a, c; cudaEventElapsedTime(&a, e0, e1); cudaEventElapsedTime(&c, e0, e2);
       if (i >= 3) { tk.push_back(a * 1e3f); tt.push_back(c * 1e3f); }
+      if (prb) {
+        CK(cudaStreamSynchronize(st2));
+        CK(cudaMemcpy(hm.data(), dm, hm.size() * 4, cudaMemcpyDeviceToHost));
+        for (int w = 0; w < PW && i >= 3; w++)
+          for (int s = 0; s < sms; s++) win[w].push_back(hm[s * PW + w]);
+      }
       usleep(1000);
+    }
+    if (prb) {
+      printf("  SM clock, MHz by %.0f us windows from the hold's start:", PWIN / 1e3);
+      for (int w = 0; w < PW; w++) {
+        std::sort(win[w].begin(), win[w].end());
+        printf(" %.0f", win[w][win[w].size() / 2]);
+      }
+      printf("\n");
+      CK(cudaFree(dm)); CK(cudaStreamDestroy(st2));
     }
     CK(cudaGetLastError());
     std::sort(tk.begin(), tk.end()); std::sort(tt.begin(), tt.end());
