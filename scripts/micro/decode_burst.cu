@@ -18,7 +18,7 @@
 // against float64 on the host.
 //   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
 //   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept;
-//   2 / 3 the same with two bursts in flight a warp, burst2)
+//   2 / 3 the same with two bursts in flight a warp, burst2; WARPS=N: N warps a SM at most)
 // What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
 // same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
 #include "decode_micro.cuh"
@@ -259,6 +259,8 @@ int main(int argc, char **argv) {
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32, SMEM));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kern));
+  // WARPS=N: N warps a SM (persistent: sms N blocks), at most what fits
+  if (getenv("WARPS")) occ = std::min(occ, std::max(1, atoi(getenv("WARPS"))));
   printf("%s: %d registers, %d warps a SM (%d of shared memory each)\n", two ? "burst2" : "burst", fa.numRegs, occ, SMEM);
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
   const double read_gbps = c.read_ceiling();
