@@ -18,7 +18,8 @@
 // against float64 on the host.
 //   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
 //   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept;
-//   2 / 3 the same with two bursts in flight a warp, burst2; WARPS=N: N warps a SM at most)
+//   2 / 3 the same with two bursts in flight a warp, burst2; 4 burst's copies alone, no shared
+//   memory read; WARPS=N: N warps a SM at most)
 // What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
 // same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
 #include "decode_micro.cuh"
@@ -86,6 +87,13 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
       }
       asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();
+      if (MODE == 2) { // copies alone: the next burst, nothing read
+        __syncwarp();
+        if (i + 1 < pc.np) issue(__shfl_sync(~0u, ids, i + 1), pc.hk);
+        else if (nx < (u32)npieces) { issue(__shfl_sync(~0u, nids, 0), pn.hk); issue_q(pn); }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        continue;
+      }
       if (i == 0) {
         // Q fragments, rows g < GT (the rest zero)
 #pragma unroll
@@ -121,7 +129,7 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
       t.softmax(sa, scale_log2, pa);
       t.pv<MODE == 0>(pa, vf);
     }
-    t.write(part_o, part_lse, (long long)pc.part * H + pc.hk * GT, lane); // the piece's partial rows
+    if (MODE < 2) t.write(part_o, part_lse, (long long)pc.part * H + pc.hk * GT, lane); // the piece's partial rows
     if (nx >= (u32)npieces) break;
     pc = pn; ids = nids;
   }
@@ -250,9 +258,9 @@ int main(int argc, char **argv) {
   bpiece *dpcs;
   CK(cudaMalloc(&dpcs, npc * sizeof(bpiece)));
   CK(cudaMemcpy(dpcs, pcs.data(), npc * sizeof(bpiece), cudaMemcpyHostToDevice));
-  const bool two = mode >= 2; // modes 2 / 3: burst2, full / no MMAs
+  const bool two = mode == 2 || mode == 3; // modes 2 / 3: burst2, full / no MMAs; 4: burst's copies alone
   if (two && (chunk < 2 || c.pps % chunk == 1)) { printf("two bursts in flight: pieces of 2 pages or more\n"); return 1; }
-  auto kern = mode == 0 ? burst<0> : mode == 1 ? burst<1> : mode == 2 ? burst2<0> : burst2<1>;
+  auto kern = mode == 0 ? burst<0> : mode == 1 ? burst<1> : mode == 2 ? burst2<0> : mode == 3 ? burst2<1> : burst<2>;
   const int SMEM = two ? 2 * BURST + QB : BURST + QB;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   int occ = 0;
