@@ -9,7 +9,10 @@
 // the SMs and 15 calls (after 3) of each window's MHz, then the read's time.
 //   nvcc -O3 -arch=sm_90a -o /tmp/clock_probe scripts/micro/clock_probe.cu && /tmp/clock_probe
 // Question (kernels/NOTES.md session 29): is part of a decode call's fixed
-// cost a clock that is still low when it starts?
+// cost a clock that is still low when it starts? No: 1977-1983 MHz in every
+// window after gaps of 0-100 ms, alone or under the read (dips to ~1950 in
+// its first 100 us), and through decode_burst's calls (PROBE=1). The probe's
+// spinning warp slows a decode sharing its SMs ~3x: read its MHz, not times.
 #include "decode_micro.cuh"
 
 int main() {

@@ -9,8 +9,11 @@
 // flight; no shared memory, no arithmetic: the memory system alone.
 //   nvcc -O3 -arch=sm_90a -o /tmp/decode_pattern scripts/micro/decode_pattern.cu && /tmp/decode_pattern
 // H200, session 6 (kernels/NOTES.md): per-head page 16 0.98-1.00 of the
-// sequential read (4433 GB/s) with 256 blocks or more; unpaged 1.01-1.02:
-// the pattern is not what holds decode below the read rate.
+// sequential read (4433 GB/s) with 256 blocks or more; unpaged 1.01-1.02.
+// Session 29, against the bench's ceiling too (one 2 GiB read, 4595 GB/s; the
+// two 537 MB launches read 0.973 of it): per-head page 16 0.944-0.977 at the
+// bench's shapes with enough blocks (8 x 32768: 0.949 at best), unpaged
+// 0.973-0.994. The pattern costs 2-5 % of the ceiling, random pages 1-4 %.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
