@@ -21,7 +21,8 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
 //   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept;
 //   2 / 3 the same with two bursts in flight a warp, burst2; 4 burst's copies alone, no shared
-//   memory read; WARPS=N: N warps a SM at most)
+//   memory read; 5 / 6 a producer and a consumer warp a block, full / no MMAs (burst_pc);
+//   WARPS=N: N blocks a SM at most)
 // What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
 // same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
 #include "decode_micro.cuh"
@@ -238,6 +239,121 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
+// A producer warp and a consumer warp a block (PC, mode 5; session 29): the producer streams
+// the bursts as mode 4 does (copies alone, two in flight, wait_group 1) into a ring of NB
+// buffers and hands each over by a named barrier (FULL + buffer) with a header (first / last
+// page of its piece, the piece's partial row and kv head, q's buffer); the consumer takes
+// them (Q K^T, softmax, P V as burst2) and hands the buffer back (EMPTY + buffer). No
+// arithmetic on the copies' chain. Pieces of 2 pages or more (a piece's q buffer, by parity,
+// is rewritten two pieces on).
+constexpr int PC_NB = 3;
+struct phdr { int flags, row0, qpar, pad; }; // flags: 1 first, 2 last, 4 done
+template <int MODE>
+__global__ void __launch_bounds__(64, 6) burst_pc(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
+                                              int npieces, const int *pages, int pps, const __nv_bfloat16 *q,
+                                              float scale_log2, float *part_o, float *part_lse, u32 *counter) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ phdr hdr[PC_NB];
+  const u32 b0 = saddr(smem), qb0 = b0 + PC_NB * BURST;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == 0) { // producer
+    auto issue = [&](u32 kb, int page, int hk) {
+      const u32 vb = kb + PS * ROWB;
+#pragma unroll
+      for (int i = 0; i < PS / 2; i++) {
+        const int r = 2 * i + (lane >> 4), c = lane & 15;
+        const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8;
+        cp16(kb + row_off(r, c), kc + off);
+        cp16(vb + row_off(r, c), vc + off);
+      }
+    };
+    int j = 0, npc = 0; // bursts issued, pieces begun
+    for (;;) {
+      const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
+      if (cur >= (u32)npieces) break;
+      const bpiece pc = pieces[cur];
+      const int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0;
+      const int qpar = npc++ & 1;
+      for (int i = 0; i < pc.np; i++, j++) {
+        const int buf = j % PC_NB;
+        if (j >= PC_NB) asm volatile("bar.sync %0, 64;" ::"r"(4 + buf) : "memory"); // its consumer is done with it
+        issue(b0 + buf * BURST, __shfl_sync(~0u, ids, i), pc.hk);
+        if (i == 0) {
+          const u32 qb = qb0 + qpar * QB;
+#pragma unroll
+          for (int e2 = 0; e2 < 2; e2++) {
+            const int e = lane + 32 * e2, r = e >> 4, c = e & 15;
+            cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
+          }
+        }
+        if (lane == 0) hdr[buf] = phdr{(i == 0 ? 1 : 0) | (i == pc.np - 1 ? 2 : 0), pc.part * H + pc.hk * GT, qpar, 0};
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (j >= 1) { // the burst before this one has landed: hand it over
+          asm volatile("cp.async.wait_group 1;" ::: "memory");
+          __syncwarp();
+          asm volatile("bar.arrive %0, 64;" ::"r"(1 + (j - 1) % PC_NB) : "memory");
+        }
+      }
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+    if (j >= 1) asm volatile("bar.arrive %0, 64;" ::"r"(1 + (j - 1) % PC_NB) : "memory");
+    // the end: one more entry, no copies
+    const int buf = j % PC_NB;
+    if (j >= PC_NB) asm volatile("bar.sync %0, 64;" ::"r"(4 + buf) : "memory");
+    if (lane == 0) hdr[buf].flags = 4;
+    __syncwarp();
+    asm volatile("bar.arrive %0, 64;" ::"r"(1 + buf) : "memory");
+    // the consumer's hand-backs that no later burst waited for
+    for (int k = j + 1 - PC_NB; k < j; k++)
+      if (k >= 0 && k + PC_NB > j) asm volatile("bar.sync %0, 64;" ::"r"(4 + k % PC_NB) : "memory");
+    return;
+  }
+  // consumer
+  const int g = lane >> 2, t4 = lane & 3;
+  u32 qa[D / 16][4];
+  head_tile t;
+  for (int j = 0;; j++) {
+    const int buf = j % PC_NB;
+    asm volatile("bar.sync %0, 64;" ::"r"(1 + buf) : "memory");
+    const phdr h = hdr[buf];
+    if (h.flags & 4) break;
+    const u32 kb = b0 + buf * BURST, vb = kb + PS * ROWB;
+    if (h.flags & 1) {
+      const u32 qb = qb0 + h.qpar * QB;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ks++) {
+        u32 a0 = 0, a2 = 0;
+        if (g < GT) {
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
+          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
+        }
+        qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
+      }
+      t.reset();
+    }
+    u32 kf[D / 16][4], vf[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+      const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
+      ldsm4(kf[ks], kb + row_off(key, c));
+    }
+    float sa[2][4];
+    u32 pa[4];
+    t.qk<MODE == 0>(sa, qa, kf);
+#pragma unroll
+    for (int np = 0; np < D / 16; np++) {
+      const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
+      ldsm4t(vf[np], vb + row_off(key, c));
+    }
+    __syncwarp();
+    asm volatile("bar.arrive %0, 64;" ::"r"(4 + buf) : "memory"); // the buffer is read
+    t.softmax(sa, scale_log2, pa);
+    t.pv<MODE == 0>(pa, vf);
+    if (h.flags & 2) t.write(part_o, part_lse, h.row0, lane);
+  }
+}
+
 int main(int argc, char **argv) {
   const int B = argc > 1 ? atoi(argv[1]) : 64, L = argc > 2 ? atoi(argv[2]) : 4096;
   const int chunk = argc > 3 ? atoi(argv[3]) : 32, mode = argc > 4 ? atoi(argv[4]) : 0;
@@ -261,23 +377,27 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&dpcs, npc * sizeof(bpiece)));
   CK(cudaMemcpy(dpcs, pcs.data(), npc * sizeof(bpiece), cudaMemcpyHostToDevice));
   const bool two = mode == 2 || mode == 3; // modes 2 / 3: burst2, full / no MMAs; 4: burst's copies alone
-  if (two && (chunk < 2 || c.pps % chunk == 1)) { printf("two bursts in flight: pieces of 2 pages or more\n"); return 1; }
-  auto kern = mode == 0 ? burst<0> : mode == 1 ? burst<1> : mode == 2 ? burst2<0> : mode == 3 ? burst2<1> : burst<2>;
-  const int SMEM = two ? 2 * BURST + QB : BURST + QB;
+  const bool pcw = mode == 5 || mode == 6;  // 5 / 6: a producer and a consumer warp, full / no MMAs
+  if ((two || pcw) && (chunk < 2 || c.pps % chunk == 1)) { printf("pieces of 2 pages or more\n"); return 1; }
+  auto kern = mode == 0 ? burst<0> : mode == 1 ? burst<1> : mode == 2 ? burst2<0> : mode == 3 ? burst2<1>
+            : mode == 5 ? burst_pc<0> : mode == 6 ? burst_pc<1> : burst<2>;
+  const int SMEM = pcw ? PC_NB * BURST + 2 * QB : two ? 2 * BURST + QB : BURST + QB;
+  const int threads = pcw ? 64 : 32;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
   int occ = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, 32, SMEM));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, threads, SMEM));
   cudaFuncAttributes fa;
   CK(cudaFuncGetAttributes(&fa, kern));
-  // WARPS=N: N warps a SM (persistent: sms N blocks), at most what fits
+  // WARPS=N: N blocks a SM (persistent: sms N blocks), at most what fits
   if (getenv("WARPS")) occ = std::min(occ, std::max(1, atoi(getenv("WARPS"))));
-  printf("%s: %d registers, %d warps a SM (%d of shared memory each)\n", two ? "burst2" : "burst", fa.numRegs, occ, SMEM);
+  const char *name = pcw ? "burst_pc" : two ? "burst2" : "burst";
+  printf("%s: %d registers, %d blocks of %d warps a SM (%d of shared memory each)\n", name, fa.numRegs, occ, threads / 32, SMEM);
   const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
   const double read_gbps = c.read_ceiling();
   double k_us, t_us;
-  c.time_calls([&] { kern<<<c.sms * occ, 32, SMEM, c.st>>>(c.dk, c.dv, dpcs, npc, c.dpages, c.pps, c.dq, scale_log2, c.po, c.pl, c.ctr); },
+  c.time_calls([&] { kern<<<c.sms * occ, threads, SMEM, c.st>>>(c.dk, c.dv, dpcs, npc, c.dpages, c.pps, c.dq, scale_log2, c.po, c.pl, c.ctr); },
                &k_us, &t_us);
-  report(two ? "burst2" : "burst", c, chunk, npc, mode, read_gbps, k_us, t_us);
-  if ((mode == 0 || mode == 2) && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
+  report(name, c, chunk, npc, mode, read_gbps, k_us, t_us);
+  if ((mode == 0 || mode == 2 || mode == 5) && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
   return 0;
 }
