@@ -21,7 +21,8 @@
 //   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
 //   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept;
 //   2 / 3 the same with two bursts in flight a warp, burst2; 4 burst's copies alone, no shared
-//   memory read; 5 / 6 a producer and a consumer warp a block, full / no MMAs (burst_pc);
+//   memory read; 5 / 6 a producer and a consumer warp a block, full / no MMAs (burst_pc, 6
+//   blocks a SM); 7 mode 5 at 8 blocks a SM (128 registers, 104 bytes spilled);
 //   WARPS=N: N blocks a SM at most)
 // What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
 // same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
@@ -247,9 +248,32 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
 // arithmetic on the copies' chain. Pieces of 2 pages or more (a piece's q buffer, by parity,
 // is rewritten two pieces on).
 constexpr int PC_NB = 3;
+// named barriers by immediate ids (ptxas reserves all 16 where an id is a register, and
+// an SM holds 4 such blocks): FULL + buffer (1-3) and EMPTY + buffer (4-6)
+__device__ __forceinline__ void nbar_sync(int id) {
+  switch (id) {
+  case 1: asm volatile("bar.sync 1, 64;" ::: "memory"); break;
+  case 2: asm volatile("bar.sync 2, 64;" ::: "memory"); break;
+  case 3: asm volatile("bar.sync 3, 64;" ::: "memory"); break;
+  case 4: asm volatile("bar.sync 4, 64;" ::: "memory"); break;
+  case 5: asm volatile("bar.sync 5, 64;" ::: "memory"); break;
+  default: asm volatile("bar.sync 6, 64;" ::: "memory"); break;
+  }
+}
+__device__ __forceinline__ void nbar_arrive(int id) {
+  switch (id) {
+  case 1: asm volatile("bar.arrive 1, 64;" ::: "memory"); break;
+  case 2: asm volatile("bar.arrive 2, 64;" ::: "memory"); break;
+  case 3: asm volatile("bar.arrive 3, 64;" ::: "memory"); break;
+  case 4: asm volatile("bar.arrive 4, 64;" ::: "memory"); break;
+  case 5: asm volatile("bar.arrive 5, 64;" ::: "memory"); break;
+  default: asm volatile("bar.arrive 6, 64;" ::: "memory"); break;
+  }
+}
+static_assert(PC_NB == 3, "barrier ids 1-6");
 struct phdr { int flags, row0, qpar, pad; }; // flags: 1 first, 2 last, 4 done
-template <int MODE>
-__global__ void __launch_bounds__(64, 6) burst_pc(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
+template <int MODE, int MB>
+__global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
                                               int npieces, const int *pages, int pps, const __nv_bfloat16 *q,
                                               float scale_log2, float *part_o, float *part_lse, u32 *counter) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -276,7 +300,7 @@ __global__ void __launch_bounds__(64, 6) burst_pc(const __nv_bfloat16 *kc, const
       const int qpar = npc++ & 1;
       for (int i = 0; i < pc.np; i++, j++) {
         const int buf = j % PC_NB;
-        if (j >= PC_NB) asm volatile("bar.sync %0, 64;" ::"r"(4 + buf) : "memory"); // its consumer is done with it
+        if (j >= PC_NB) nbar_sync(4 + buf); // its consumer is done with it
         issue(b0 + buf * BURST, __shfl_sync(~0u, ids, i), pc.hk);
         if (i == 0) {
           const u32 qb = qb0 + qpar * QB;
@@ -291,22 +315,22 @@ __global__ void __launch_bounds__(64, 6) burst_pc(const __nv_bfloat16 *kc, const
         if (j >= 1) { // the burst before this one has landed: hand it over
           asm volatile("cp.async.wait_group 1;" ::: "memory");
           __syncwarp();
-          asm volatile("bar.arrive %0, 64;" ::"r"(1 + (j - 1) % PC_NB) : "memory");
+          nbar_arrive(1 + (j - 1) % PC_NB);
         }
       }
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
-    if (j >= 1) asm volatile("bar.arrive %0, 64;" ::"r"(1 + (j - 1) % PC_NB) : "memory");
+    if (j >= 1) nbar_arrive(1 + (j - 1) % PC_NB);
     // the end: one more entry, no copies
     const int buf = j % PC_NB;
-    if (j >= PC_NB) asm volatile("bar.sync %0, 64;" ::"r"(4 + buf) : "memory");
+    if (j >= PC_NB) nbar_sync(4 + buf);
     if (lane == 0) hdr[buf].flags = 4;
     __syncwarp();
-    asm volatile("bar.arrive %0, 64;" ::"r"(1 + buf) : "memory");
+    nbar_arrive(1 + buf);
     // the consumer's hand-backs that no later burst waited for
     for (int k = j + 1 - PC_NB; k < j; k++)
-      if (k >= 0 && k + PC_NB > j) asm volatile("bar.sync %0, 64;" ::"r"(4 + k % PC_NB) : "memory");
+      if (k >= 0 && k + PC_NB > j) nbar_sync(4 + k % PC_NB);
     return;
   }
   // consumer
@@ -315,7 +339,7 @@ __global__ void __launch_bounds__(64, 6) burst_pc(const __nv_bfloat16 *kc, const
   head_tile t;
   for (int j = 0;; j++) {
     const int buf = j % PC_NB;
-    asm volatile("bar.sync %0, 64;" ::"r"(1 + buf) : "memory");
+    nbar_sync(1 + buf);
     const phdr h = hdr[buf];
     if (h.flags & 4) break;
     const u32 kb = b0 + buf * BURST, vb = kb + PS * ROWB;
@@ -347,7 +371,7 @@ __global__ void __launch_bounds__(64, 6) burst_pc(const __nv_bfloat16 *kc, const
       ldsm4t(vf[np], vb + row_off(key, c));
     }
     __syncwarp();
-    asm volatile("bar.arrive %0, 64;" ::"r"(4 + buf) : "memory"); // the buffer is read
+    nbar_arrive(4 + buf); // the buffer is read
     t.softmax(sa, scale_log2, pa);
     t.pv<MODE == 0>(pa, vf);
     if (h.flags & 2) t.write(part_o, part_lse, h.row0, lane);
@@ -377,10 +401,10 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&dpcs, npc * sizeof(bpiece)));
   CK(cudaMemcpy(dpcs, pcs.data(), npc * sizeof(bpiece), cudaMemcpyHostToDevice));
   const bool two = mode == 2 || mode == 3; // modes 2 / 3: burst2, full / no MMAs; 4: burst's copies alone
-  const bool pcw = mode == 5 || mode == 6;  // 5 / 6: a producer and a consumer warp, full / no MMAs
+  const bool pcw = mode >= 5;  // 5 / 6: a producer and a consumer warp, full / no MMAs; 7: 5 at 8 blocks a SM
   if ((two || pcw) && (chunk < 2 || c.pps % chunk == 1)) { printf("pieces of 2 pages or more\n"); return 1; }
   auto kern = mode == 0 ? burst<0> : mode == 1 ? burst<1> : mode == 2 ? burst2<0> : mode == 3 ? burst2<1>
-            : mode == 5 ? burst_pc<0> : mode == 6 ? burst_pc<1> : burst<2>;
+            : mode == 5 ? burst_pc<0, 6> : mode == 6 ? burst_pc<1, 6> : mode == 7 ? burst_pc<0, 8> : burst<2>;
   const int SMEM = pcw ? PC_NB * BURST + 2 * QB : two ? 2 * BURST + QB : BURST + QB;
   const int threads = pcw ? 64 : 32;
   CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
@@ -398,6 +422,6 @@ int main(int argc, char **argv) {
   c.time_calls([&] { kern<<<c.sms * occ, threads, SMEM, c.st>>>(c.dk, c.dv, dpcs, npc, c.dpages, c.pps, c.dq, scale_log2, c.po, c.pl, c.ctr); },
                &k_us, &t_us);
   report(name, c, chunk, npc, mode, read_gbps, k_us, t_us);
-  if ((mode == 0 || mode == 2 || mode == 5) && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
+  if ((mode == 0 || mode == 2 || mode == 5 || mode == 7) && check) printf("  check: max |d| %.3g over 16 random (sequence, head) rows (bf16 output, P in bf16)\n", c.check());
   return 0;
 }
