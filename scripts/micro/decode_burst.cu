@@ -2,7 +2,8 @@
 // session 28 left to try, standalone; measured in session 29 (NOTES): correct
 // (max |d| 3e-5 to 2.5e-4), 245-251 us kernel alone at the bench's shapes, 1-3
 // us slower than the library's whole call before its own combine (8-29 us);
-// its copies alone (mode 4) read 0.963-0.972 of the ceiling at 8 warps a SM.
+// its copies alone (mode 4) read 0.963-0.972 of the ceiling at 8 warps a SM;
+// a producer and a consumer warp a block (modes 5-7) 0.918-0.933, slower.
 // read_size.cu found cp.async copies issued in bursts that each wait for all
 // of themselves (stealcp: 16 KB a block, 4-8 blocks a SM) reading at 0.99-1.00
 // of the read ceiling on every board, where rings shaped like the decode
