@@ -4,7 +4,9 @@
 // of the same bytes:
 //   per-head: block = (sequence, kv head, split), 256 B of every 2 KB token
 //     row (decode's pattern), page 16 in random page order or unpaged;
-//   all-heads: block = (sequence, split), whole 2 KB rows.
+//   all-heads: block = (sequence, split), whole 2 KB rows;
+//   HND: per-head blocks on [page, head, token, dim] caches (a page's 16 rows of
+//   one head, 4 KB, contiguous), session 29.
 // Plain 16-byte streaming loads (ld.global.cs), 4 per thread and tensor in
 // flight; no shared memory, no arithmetic: the memory system alone.
 //   nvcc -O3 -arch=sm_90a -o /tmp/decode_pattern scripts/micro/decode_pattern.cu && /tmp/decode_pattern
@@ -36,7 +38,7 @@ __global__ void __launch_bounds__(512) seq_read(const uint4 *__restrict__ p, i64
 
 // ROWB bytes per (token, block): 256 (one kv head) or 2048 (all 8 heads).
 // block = (seq b, head h [per-head mode], split s); tokens [s*L/S, (s+1)*L/S)
-template <int ROWB, int U>
+template <int ROWB, int U, bool HNDL = false>
 __global__ void __launch_bounds__(256) pat_read(const unsigned char *__restrict__ K, const unsigned char *__restrict__ V,
                                                const int *__restrict__ pt, int L, int S, int HK, int page, unsigned *sink) {
   constexpr int LPR = ROWB / 16;             // lanes (16 B) per row
@@ -50,6 +52,10 @@ __global__ void __launch_bounds__(256) pat_read(const unsigned char *__restrict_
   const int r = threadIdx.x / LPR, c = threadIdx.x % LPR;
   unsigned acc = 0;
   auto addr = [&](int t) -> i64 {
+    if (HNDL) { // [page, head, token, dim]: a page's rows of one head together (page 0: [b, head, token, dim])
+      const i64 blk = page > 0 ? (i64)pt[(i64)b * npages + t / page] * HK + h : (i64)b * HK + h;
+      return (blk * (page > 0 ? page : L) + (page > 0 ? t % page : t)) * 256 + c * 16;
+    }
     i64 row;
     if (page > 0) row = (i64)pt[(i64)b * npages + t / page] * page + t % page;
     else row = (i64)b * L + t;
@@ -123,11 +129,13 @@ int main() {
       for (int S : {1, 2, 4, 8}) {
         const int pg = page ? 16 : 0;
         float ms1 = time_ms([&] { pat_read<256, 4><<<wl.B * HK * S, 256>>>(K, V, pt, wl.L, S, HK, pg, sink); });
+        float msh = time_ms([&] { pat_read<256, 4, true><<<wl.B * HK * S, 256>>>(K, V, pt, wl.L, S, HK, pg, sink); });
         float ms8 = time_ms([&] { pat_read<2048, 4><<<wl.B * S, 256>>>(K, V, pt, wl.L, S * 1, HK, pg, sink); });
         float ms8b = time_ms([&] { pat_read<2048, 4><<<wl.B * S * 8, 256>>>(K, V, pt, wl.L, S * 8, HK, pg, sink); });
         const double gb = 2.0 * bytes1 / 1e9;
-        printf("%3dx%-6d %-8s splits %d: per-head %.1f GB/s (x %.3f, ceiling x %.3f, %d blocks) | all-heads same blocks/row %.3f (%d blocks) | all-heads 8x splits %.3f (%d blocks)\n",
+        printf("%3dx%-6d %-8s splits %d: per-head %.1f GB/s (x %.3f, ceiling x %.3f, %d blocks; HND ceiling x %.3f) | all-heads same blocks/row %.3f (%d blocks) | all-heads 8x splits %.3f (%d blocks)\n",
                wl.B, wl.L, page ? "page16" : "unpaged", S, gb / (ms1 * 1e-3), gb / (ms1 * 1e-3) / seq_gbps, gb / (ms1 * 1e-3) / ceil_gbps, wl.B * HK * S,
+               gb / (msh * 1e-3) / ceil_gbps,
                gb / (ms8 * 1e-3) / seq_gbps, wl.B * S, gb / (ms8b * 1e-3) / seq_gbps, wl.B * S * 8);
       }
     }
