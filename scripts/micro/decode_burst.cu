@@ -42,37 +42,68 @@ __device__ __forceinline__ void cp16(u32 dst, const void *src) {
 // ldmatrix reads at one column fall in different banks
 __device__ __forceinline__ u32 row_off(int row, int c) { return row * ROWB + ((c ^ (row & 7)) << 4); }
 
+// The burst of page `page` (pool index), kv head hk into K rows at kb and V rows PS rows on:
+// rows r = 2 i + lane / 16, chunk lane % 16, one 16-byte cp.async each
+__device__ __forceinline__ void issue_burst(u32 kb, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, int page, int hk, int lane) {
+  const u32 vb = kb + PS * ROWB;
+#pragma unroll
+  for (int i = 0; i < PS / 2; i++) {
+    const int r = 2 * i + (lane >> 4), c = lane & 15;
+    const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8; // elements
+    cp16(kb + row_off(r, c), kc + off);
+    cp16(vb + row_off(r, c), vc + off);
+  }
+}
+// a piece's q rows (its 4 query heads, 1 KB: 2 chunks a lane) into qb
+__device__ __forceinline__ void issue_qrows(u32 qb, const __nv_bfloat16 *q, int b, int hk, int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int e = lane + 32 * i, r = e >> 4, c = e & 15;
+    cp16(qb + row_off(r, c), q + ((long long)b * H + hk * GT + r) * D + c * 8);
+  }
+}
+// Q fragments from qb, rows g < GT (the rest zero)
+__device__ __forceinline__ void load_qa(u32 (&qa)[D / 16][4], u32 qb, int lane) {
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) {
+    u32 a0 = 0, a2 = 0;
+    if (g < GT) {
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
+      asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
+    }
+    qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
+  }
+}
+// K fragments (x4: keys 0-7 / 8-15 x columns 16 ks + 0 / 8) and V's (transposed)
+__device__ __forceinline__ void load_kf(u32 (&kf)[D / 16][4], u32 kb, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) {
+    const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
+    ldsm4(kf[ks], kb + row_off(key, c));
+  }
+}
+__device__ __forceinline__ void load_vf(u32 (&vf)[D / 16][4], u32 vb, int lane) {
+#pragma unroll
+  for (int np = 0; np < D / 16; np++) {
+    const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
+    ldsm4t(vf[np], vb + row_off(key, c));
+  }
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
                                             int npieces, const int *pages, int pps, const __nv_bfloat16 *q,
                                             float scale_log2, float *part_o, float *part_lse, u32 *counter) {
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 kb = saddr(smem), vb = kb + PS * ROWB, qb = kb + BURST;
-  const int lane = threadIdx.x, g = lane >> 2, t4 = lane & 3;
-  // the burst of page `page` (pool index), kv head hk: rows r = 2 i + lane / 16, chunk lane % 16
-  auto issue = [&](int page, int hk) {
-#pragma unroll
-    for (int i = 0; i < PS / 2; i++) {
-      const int r = 2 * i + (lane >> 4), c = lane & 15;
-      const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8; // elements
-      cp16(kb + row_off(r, c), kc + off);
-      cp16(vb + row_off(r, c), vc + off);
-    }
-  };
-  // a piece's q rows (its 4 query heads; lanes 0-31: 1 KB, 2 chunks a lane)
-  auto issue_q = [&](const bpiece &pc) {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int e = lane + 32 * i, r = e >> 4, c = e & 15;
-      cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
-    }
-  };
+  const int lane = threadIdx.x;
   const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
   if (cur >= (u32)npieces) return;
   bpiece pc = pieces[cur];
   int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0; // lane i: the piece's page i
-  issue(__shfl_sync(~0u, ids, 0), pc.hk);
-  issue_q(pc);
+  issue_burst(kb, kc, vc, __shfl_sync(~0u, ids, 0), pc.hk, lane);
+  issue_qrows(qb, q, pc.b, pc.hk, lane);
   asm volatile("cp.async.commit_group;" ::: "memory");
   u32 qa[D / 16][4];
   head_tile t;
@@ -92,42 +123,19 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
       }
       asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();
-      if (MODE == 2) { // copies alone: the next burst, nothing read
-        __syncwarp();
-        if (i + 1 < pc.np) issue(__shfl_sync(~0u, ids, i + 1), pc.hk);
-        else if (nx < (u32)npieces) { issue(__shfl_sync(~0u, nids, 0), pn.hk); issue_q(pn); }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-        continue;
-      }
-      if (i == 0) {
-        // Q fragments, rows g < GT (the rest zero)
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-          u32 a0 = 0, a2 = 0;
-          if (g < GT) {
-            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
-            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
-          }
-          qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
-        }
-      }
-      // K fragments (x4: keys 0-7 / 8-15 x columns 16 ks + 0 / 8) and V's (transposed)
-      u32 kf[D / 16][4], vf[D / 16][4];
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ks++) {
-        const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
-        ldsm4(kf[ks], kb + row_off(key, c));
-      }
-#pragma unroll
-      for (int np = 0; np < D / 16; np++) {
-        const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
-        ldsm4t(vf[np], vb + row_off(key, c));
-      }
-      __syncwarp();
       // the next burst into the same buffer: this piece's next page, or the next piece's first
-      if (i + 1 < pc.np) issue(__shfl_sync(~0u, ids, i + 1), pc.hk);
-      else if (nx < (u32)npieces) { issue(__shfl_sync(~0u, nids, 0), pn.hk); issue_q(pn); }
-      asm volatile("cp.async.commit_group;" ::: "memory");
+      auto issue_next = [&] {
+        if (i + 1 < pc.np) issue_burst(kb, kc, vc, __shfl_sync(~0u, ids, i + 1), pc.hk, lane);
+        else if (nx < (u32)npieces) { issue_burst(kb, kc, vc, __shfl_sync(~0u, nids, 0), pn.hk, lane); issue_qrows(qb, q, pn.b, pn.hk, lane); }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+      };
+      if (MODE == 2) { issue_next(); continue; } // copies alone: nothing read
+      if (i == 0) load_qa(qa, qb, lane);
+      u32 kf[D / 16][4], vf[D / 16][4];
+      load_kf(kf, kb, lane);
+      load_vf(vf, vb, lane);
+      __syncwarp();
+      issue_next();
       float sa[2][4];
       u32 pa[4];
       t.qk<MODE == 0>(sa, qa, kf);
@@ -151,32 +159,15 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
                                              float scale_log2, float *part_o, float *part_lse, u32 *counter) {
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 b0 = saddr(smem), qb = b0 + 2 * BURST;
-  const int lane = threadIdx.x, g = lane >> 2, t4 = lane & 3;
-  auto issue = [&](u32 kb, int page, int hk) {
-    const u32 vb = kb + PS * ROWB;
-#pragma unroll
-    for (int i = 0; i < PS / 2; i++) {
-      const int r = 2 * i + (lane >> 4), c = lane & 15;
-      const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8;
-      cp16(kb + row_off(r, c), kc + off);
-      cp16(vb + row_off(r, c), vc + off);
-    }
-  };
-  auto issue_q = [&](const bpiece &pc) {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int e = lane + 32 * i, r = e >> 4, c = e & 15;
-      cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
-    }
-  };
+  const int lane = threadIdx.x;
   const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
   if (cur >= (u32)npieces) return;
   bpiece pc = pieces[cur];
   int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0;
-  issue(b0, __shfl_sync(~0u, ids, 0), pc.hk);
-  issue_q(pc);
+  issue_burst(b0, kc, vc, __shfl_sync(~0u, ids, 0), pc.hk, lane);
+  issue_qrows(qb, q, pc.b, pc.hk, lane);
   asm volatile("cp.async.commit_group;" ::: "memory");
-  issue(b0 + BURST, __shfl_sync(~0u, ids, 1), pc.hk);
+  issue_burst(b0 + BURST, kc, vc, __shfl_sync(~0u, ids, 1), pc.hk, lane);
   asm volatile("cp.async.commit_group;" ::: "memory");
   u32 qa[D / 16][4];
   head_tile t;
@@ -197,39 +188,21 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
       asm volatile("cp.async.wait_group 1;" ::: "memory");
       __syncwarp();
       const u32 kb = b0 + buf * BURST, vb = kb + PS * ROWB;
-      if (i == 0) {
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-          u32 a0 = 0, a2 = 0;
-          if (g < GT) {
-            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
-            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
-          }
-          qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
-        }
-      }
+      if (i == 0) load_qa(qa, qb, lane);
       u32 kf[D / 16][4], vf[D / 16][4];
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ks++) {
-        const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
-        ldsm4(kf[ks], kb + row_off(key, c));
-      }
+      load_kf(kf, kb, lane);
       float sa[2][4];
       u32 pa[4];
       t.qk<MODE == 0>(sa, qa, kf);
-#pragma unroll
-      for (int np = 0; np < D / 16; np++) {
-        const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
-        ldsm4t(vf[np], vb + row_off(key, c));
-      }
+      load_vf(vf, vb, lane);
       t.softmax(sa, scale_log2, pa);
       t.pv<MODE == 0>(pa, vf);
       __syncwarp();
       // the burst two on from this one, into this one's buffer
-      if (i + 2 < pc.np) issue(kb, __shfl_sync(~0u, ids, i + 2), pc.hk);
+      if (i + 2 < pc.np) issue_burst(kb, kc, vc, __shfl_sync(~0u, ids, i + 2), pc.hk, lane);
       else if (nx < (u32)npieces) {
-        issue(kb, __shfl_sync(~0u, nids, i + 2 - pc.np), pn.hk);
-        if (i + 2 == pc.np) issue_q(pn);
+        issue_burst(kb, kc, vc, __shfl_sync(~0u, nids, i + 2 - pc.np), pn.hk, lane);
+        if (i + 2 == pc.np) issue_qrows(qb, q, pn.b, pn.hk, lane);
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
       buf ^= 1;
@@ -242,7 +215,7 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
 }
 
 // A producer warp and a consumer warp a block (PC, mode 5; session 29): the producer streams
-// the bursts as mode 4 does (copies alone, two in flight, wait_group 1) into a ring of NB
+// the bursts (copies alone as in mode 4, but two in flight, wait_group 1) into a ring of NB
 // buffers and hands each over by a named barrier (FULL + buffer) with a header (first / last
 // page of its piece, the piece's partial row and kv head, q's buffer); the consumer takes
 // them (Q K^T, softmax, P V as burst2) and hands the buffer back (EMPTY + buffer). No
@@ -282,16 +255,6 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
   const u32 b0 = saddr(smem), qb0 = b0 + PC_NB * BURST;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == 0) { // producer
-    auto issue = [&](u32 kb, int page, int hk) {
-      const u32 vb = kb + PS * ROWB;
-#pragma unroll
-      for (int i = 0; i < PS / 2; i++) {
-        const int r = 2 * i + (lane >> 4), c = lane & 15;
-        const long long off = (((long long)page * PS + r) * HK + hk) * D + c * 8;
-        cp16(kb + row_off(r, c), kc + off);
-        cp16(vb + row_off(r, c), vc + off);
-      }
-    };
     int j = 0, npc = 0; // bursts issued, pieces begun
     for (;;) {
       const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
@@ -302,15 +265,8 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
       for (int i = 0; i < pc.np; i++, j++) {
         const int buf = j % PC_NB;
         if (j >= PC_NB) nbar_sync(4 + buf); // its consumer is done with it
-        issue(b0 + buf * BURST, __shfl_sync(~0u, ids, i), pc.hk);
-        if (i == 0) {
-          const u32 qb = qb0 + qpar * QB;
-#pragma unroll
-          for (int e2 = 0; e2 < 2; e2++) {
-            const int e = lane + 32 * e2, r = e >> 4, c = e & 15;
-            cp16(qb + row_off(r, c), q + ((long long)pc.b * H + pc.hk * GT + r) * D + c * 8);
-          }
-        }
+        issue_burst(b0 + buf * BURST, kc, vc, __shfl_sync(~0u, ids, i), pc.hk, lane);
+        if (i == 0) issue_qrows(qb0 + qpar * QB, q, pc.b, pc.hk, lane);
         if (lane == 0) hdr[buf] = phdr{(i == 0 ? 1 : 0) | (i == pc.np - 1 ? 2 : 0), pc.part * H + pc.hk * GT, qpar, 0};
         asm volatile("cp.async.commit_group;" ::: "memory");
         if (j >= 1) { // the burst before this one has landed: hand it over
@@ -335,7 +291,6 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
     return;
   }
   // consumer
-  const int g = lane >> 2, t4 = lane & 3;
   u32 qa[D / 16][4];
   head_tile t;
   for (int j = 0;; j++) {
@@ -345,32 +300,15 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
     if (h.flags & 4) break;
     const u32 kb = b0 + buf * BURST, vb = kb + PS * ROWB;
     if (h.flags & 1) {
-      const u32 qb = qb0 + h.qpar * QB;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ks++) {
-        u32 a0 = 0, a2 = 0;
-        if (g < GT) {
-          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a0) : "r"(qb + row_off(g, 2 * ks) + 4 * t4));
-          asm volatile("ld.shared.b32 %0, [%1];" : "=r"(a2) : "r"(qb + row_off(g, 2 * ks + 1) + 4 * t4));
-        }
-        qa[ks][0] = a0; qa[ks][1] = 0; qa[ks][2] = a2; qa[ks][3] = 0;
-      }
+      load_qa(qa, qb0 + h.qpar * QB, lane);
       t.reset();
     }
     u32 kf[D / 16][4], vf[D / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-      const int key = (lane & 7) + 8 * (lane >> 4), c = 2 * ks + ((lane >> 3) & 1);
-      ldsm4(kf[ks], kb + row_off(key, c));
-    }
+    load_kf(kf, kb, lane);
     float sa[2][4];
     u32 pa[4];
     t.qk<MODE == 0>(sa, qa, kf);
-#pragma unroll
-    for (int np = 0; np < D / 16; np++) {
-      const int key = (lane & 7) + 8 * ((lane >> 3) & 1), c = 2 * np + (lane >> 4);
-      ldsm4t(vf[np], vb + row_off(key, c));
-    }
+    load_vf(vf, vb, lane);
     __syncwarp();
     nbar_arrive(4 + buf); // the buffer is read
     t.softmax(sa, scale_log2, pa);
