@@ -16,7 +16,8 @@
 // two 537 MB launches read 0.973 of it): per-head page 16 0.944-0.977 at the
 // bench's shapes with enough blocks (8 x 32768: 0.949 at best), unpaged
 // 0.973-0.994. The pattern costs 2-5 % of the ceiling, random pages 1-4 %;
-// HND rows read the same or lower (page 16: 0.95-0.99 at 8 splits).
+// HND rows read the same or lower (page 16: 0.95-0.99 at 8 splits); more
+// splits read best at 16-32 (8 x 32768 0.967, 64 x 4096 0.981), 8 (256 x 1024 0.987).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -127,7 +128,7 @@ int main() {
       for (size_t i = 0; i < perm.size(); i++) perm[i] = (int)i;
       for (size_t i = perm.size() - 1; i > 0; i--) std::swap(perm[i], perm[rand() % (i + 1)]);
       CK(cudaMemcpy(pt, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-      for (int S : {1, 2, 4, 8}) {
+      for (int S : {1, 2, 4, 8, 16, 32}) {
         const int pg = page ? 16 : 0;
         float ms1 = time_ms([&] { pat_read<256, 4><<<wl.B * HK * S, 256>>>(K, V, pt, wl.L, S, HK, pg, sink); });
         float msh = time_ms([&] { pat_read<256, 4, true><<<wl.B * HK * S, 256>>>(K, V, pt, wl.L, S, HK, pg, sink); });
