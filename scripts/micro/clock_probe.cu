@@ -1,7 +1,7 @@
 // scripts/micro/clock_probe.cu -- the SM clock through a call, timed as the
 // bench and decode_ab time one: the host idle for GAP us (usleep), then the
 // library's hold kernel (30 us), then the work. One warp a SM (its lane 0)
-// counts clock64 cycles over windows of WIN ns of %globaltimer from the hold's
+// counts clock64 cycles over windows of PWIN ns of %globaltimer from the hold's
 // start, so a clock that ramps up after the idle gap (or sags under load)
 // shows as MHz by window. The work: none (the probe alone), or a 1 GiB read
 // (grid_read, the bench's ceiling kernel) on a second stream, launched after
@@ -49,10 +49,7 @@ int main() {
       }
       std::sort(rt.begin(), rt.end());
       printf("%-5s gap %6d us:", load ? "read" : "none", gap);
-      for (int w = 0; w < PW; w++) {
-        std::sort(win[w].begin(), win[w].end());
-        printf(" %4.0f", win[w][win[w].size() / 2]);
-      }
+      print_window_medians(win);
       if (load) printf(" | read %.1f us (%.1f GB/s)", rt[rt.size() / 2], (double)(1 << 30) / rt[rt.size() / 2] / 1e3);
       printf("\n");
     }

@@ -132,6 +132,13 @@ __global__ void probe(float *mhz) {
     mhz[blockIdx.x * PW + w] = (float)((double)(c1 - c0) / (double)(t - ts) * 1e3);
   }
 }
+// the probe's windows gathered over calls: each window's median MHz, on one line
+static void print_window_medians(std::vector<std::vector<float>> &win) {
+  for (auto &w : win) {
+    std::sort(w.begin(), w.end());
+    printf(" %4.0f", w[w.size() / 2]);
+  }
+}
 
 // The pieces of each sequence merged: one warp a (sequence, query head). Partial row
 // (first_part[b] + r) * H + head holds piece r's o / l (f32) and its lse (log2 units).
@@ -262,10 +269,7 @@ struct decode_case {
     }
     if (prb) {
       printf("  SM clock, MHz by %.0f us windows from the hold's start:", PWIN / 1e3);
-      for (int w = 0; w < PW; w++) {
-        std::sort(win[w].begin(), win[w].end());
-        printf(" %.0f", win[w][win[w].size() / 2]);
-      }
+      print_window_medians(win);
       printf("\n");
       CK(cudaFree(dm)); CK(cudaStreamDestroy(st2));
     }
