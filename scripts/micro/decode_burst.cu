@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
     nbar_arrive(1 + buf);
     // the consumer's hand-backs that no later burst waited for
     for (int k = j + 1 - PC_NB; k < j; k++)
-      if (k >= 0 && k + PC_NB > j) nbar_sync(4 + k % PC_NB);
+      if (k >= 0) nbar_sync(4 + k % PC_NB);
     return;
   }
   // consumer
