@@ -91,6 +91,32 @@ __device__ __forceinline__ void load_vf(u32 (&vf)[D / 16][4], u32 vb, int lane) 
   }
 }
 
+// The piece counter: a warp's claim (lane 0's atomic, shared by a shuffle), and lane i's
+// page id of piece pc (page i of its range; 0 past its end)
+__device__ __forceinline__ u32 claim(u32 *counter, int lane) {
+  return __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
+}
+__device__ __forceinline__ int piece_ids(const bpiece &pc, const int *pages, int pps, int lane) {
+  return lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0;
+}
+// The next piece, claimed under the current one (burst, burst2): its atomic at the piece's
+// start (start), its item and page ids at a later page (fetch), so no round trip waits
+struct next_piece {
+  u32 raw, nx;
+  bpiece pn;
+  int nids;
+  __device__ __forceinline__ void start(u32 *counter, int npieces, int lane) {
+    raw = lane == 0 ? atomicAdd(counter, 1u) : 0u;
+    nx = (u32)npieces; pn = bpiece{0, 0, 0, 0, 0}; nids = 0;
+  }
+  __device__ __forceinline__ void fetch(const bpiece *pieces, int npieces, const int *pages, int pps, int lane) {
+    nx = __shfl_sync(~0u, raw, 0);
+    if (nx < (u32)npieces) pn = pieces[nx];
+    nids = nx < (u32)npieces ? piece_ids(pn, pages, pps, lane) : 0;
+  }
+  __device__ __forceinline__ bool some(int npieces) const { return nx < (u32)npieces; }
+};
+
 template <int MODE>
 __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const bpiece *pieces,
                                             int npieces, const int *pages, int pps, const __nv_bfloat16 *q,
@@ -98,10 +124,10 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 kb = saddr(smem), vb = kb + PS * ROWB, qb = kb + BURST;
   const int lane = threadIdx.x;
-  const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
+  const u32 cur = claim(counter, lane);
   if (cur >= (u32)npieces) return;
   bpiece pc = pieces[cur];
-  int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0; // lane i: the piece's page i
+  int ids = piece_ids(pc, pages, pps, lane);
   issue_burst(kb, kc, vc, __shfl_sync(~0u, ids, 0), pc.hk, lane);
   issue_qrows(qb, q, pc.b, pc.hk, lane);
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -109,24 +135,18 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
   head_tile t;
   for (;;) {
     // the next piece: its claim's atomic now, its item and page ids two pages on (or at the last)
-    u32 nx_raw = lane == 0 ? atomicAdd(counter, 1u) : 0u;
-    u32 nx = (u32)npieces;
-    bpiece pn{0, 0, 0, 0, 0};
-    int nids = 0;
+    next_piece n;
+    n.start(counter, npieces, lane);
     t.reset();
     const int at = min(2, pc.np - 1);
     for (int i = 0; i < pc.np; i++) {
-      if (i == at) {
-        nx = __shfl_sync(~0u, nx_raw, 0);
-        if (nx < (u32)npieces) pn = pieces[nx];
-        nids = nx < (u32)npieces && lane < pn.np ? pages[(long long)pn.b * pps + pn.p0 + lane] : 0;
-      }
+      if (i == at) n.fetch(pieces, npieces, pages, pps, lane);
       asm volatile("cp.async.wait_group 0;" ::: "memory");
       __syncwarp();
       // the next burst into the same buffer: this piece's next page, or the next piece's first
       auto issue_next = [&] {
         if (i + 1 < pc.np) issue_burst(kb, kc, vc, __shfl_sync(~0u, ids, i + 1), pc.hk, lane);
-        else if (nx < (u32)npieces) { issue_burst(kb, kc, vc, __shfl_sync(~0u, nids, 0), pn.hk, lane); issue_qrows(qb, q, pn.b, pn.hk, lane); }
+        else if (n.some(npieces)) { issue_burst(kb, kc, vc, __shfl_sync(~0u, n.nids, 0), n.pn.hk, lane); issue_qrows(qb, q, n.pn.b, n.pn.hk, lane); }
         asm volatile("cp.async.commit_group;" ::: "memory");
       };
       if (MODE == 2) { issue_next(); continue; } // copies alone: nothing read
@@ -143,8 +163,8 @@ __global__ void __launch_bounds__(32, 8) burst(const __nv_bfloat16 *kc, const __
       t.pv<MODE == 0>(pa, vf);
     }
     if (MODE < 2) t.write(part_o, part_lse, (long long)pc.part * H + pc.hk * GT, lane); // the piece's partial rows
-    if (nx >= (u32)npieces) break;
-    pc = pn; ids = nids;
+    if (!n.some(npieces)) break;
+    pc = n.pn; ids = n.nids;
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
@@ -160,10 +180,10 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
   extern __shared__ __align__(128) unsigned char smem[];
   const u32 b0 = saddr(smem), qb = b0 + 2 * BURST;
   const int lane = threadIdx.x;
-  const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
+  const u32 cur = claim(counter, lane);
   if (cur >= (u32)npieces) return;
   bpiece pc = pieces[cur];
-  int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0;
+  int ids = piece_ids(pc, pages, pps, lane);
   issue_burst(b0, kc, vc, __shfl_sync(~0u, ids, 0), pc.hk, lane);
   issue_qrows(qb, q, pc.b, pc.hk, lane);
   asm volatile("cp.async.commit_group;" ::: "memory");
@@ -173,18 +193,12 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
   head_tile t;
   int buf = 0; // the buffer of this piece's page i (bursts alternate over the whole stream)
   for (;;) {
-    u32 nx_raw = lane == 0 ? atomicAdd(counter, 1u) : 0u;
-    u32 nx = (u32)npieces;
-    bpiece pn{0, 0, 0, 0, 0};
-    int nids = 0;
+    next_piece n;
+    n.start(counter, npieces, lane);
     t.reset();
     const int at = min(1, pc.np - 2);
     for (int i = 0; i < pc.np; i++) {
-      if (i == at) {
-        nx = __shfl_sync(~0u, nx_raw, 0);
-        if (nx < (u32)npieces) pn = pieces[nx];
-        nids = nx < (u32)npieces && lane < pn.np ? pages[(long long)pn.b * pps + pn.p0 + lane] : 0;
-      }
+      if (i == at) n.fetch(pieces, npieces, pages, pps, lane);
       asm volatile("cp.async.wait_group 1;" ::: "memory");
       __syncwarp();
       const u32 kb = b0 + buf * BURST, vb = kb + PS * ROWB;
@@ -200,16 +214,16 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
       __syncwarp();
       // the burst two on from this one, into this one's buffer
       if (i + 2 < pc.np) issue_burst(kb, kc, vc, __shfl_sync(~0u, ids, i + 2), pc.hk, lane);
-      else if (nx < (u32)npieces) {
-        issue_burst(kb, kc, vc, __shfl_sync(~0u, nids, i + 2 - pc.np), pn.hk, lane);
-        if (i + 2 == pc.np) issue_qrows(qb, q, pn.b, pn.hk, lane);
+      else if (n.some(npieces)) {
+        issue_burst(kb, kc, vc, __shfl_sync(~0u, n.nids, i + 2 - pc.np), n.pn.hk, lane);
+        if (i + 2 == pc.np) issue_qrows(qb, q, n.pn.b, n.pn.hk, lane);
       }
       asm volatile("cp.async.commit_group;" ::: "memory");
       buf ^= 1;
     }
     t.write(part_o, part_lse, (long long)pc.part * H + pc.hk * GT, lane);
-    if (nx >= (u32)npieces) break;
-    pc = pn; ids = nids;
+    if (!n.some(npieces)) break;
+    pc = n.pn; ids = n.nids;
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
@@ -257,10 +271,10 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
   if (warp == 0) { // producer
     int j = 0, npc = 0; // bursts issued, pieces begun
     for (;;) {
-      const u32 cur = __shfl_sync(~0u, lane == 0 ? atomicAdd(counter, 1u) : 0u, 0);
+      const u32 cur = claim(counter, lane);
       if (cur >= (u32)npieces) break;
       const bpiece pc = pieces[cur];
-      const int ids = lane < pc.np ? pages[(long long)pc.b * pps + pc.p0 + lane] : 0;
+      const int ids = piece_ids(pc, pages, pps, lane);
       const int qpar = npc++ & 1;
       for (int i = 0; i < pc.np; i++, j++) {
         const int buf = j % PC_NB;
@@ -318,10 +332,9 @@ __global__ void __launch_bounds__(64, MB) burst_pc(const __nv_bfloat16 *kc, cons
 }
 
 int main(int argc, char **argv) {
-  const int B = argc > 1 ? atoi(argv[1]) : 64, L = argc > 2 ? atoi(argv[2]) : 4096;
-  const int chunk = argc > 3 ? atoi(argv[3]) : 32, mode = argc > 4 ? atoi(argv[4]) : 0;
-  const int check = argc > 5 ? atoi(argv[5]) : 1;
-  if (L % PS || chunk < 1 || chunk > 32) { printf("L: a multiple of 16; CHUNK 1-32\n"); return 1; }
+  const micro_args a(argc, argv);
+  if (!a.ok) return 1;
+  const int B = a.B, L = a.L, chunk = a.chunk, mode = a.mode, check = a.check;
   decode_case c(B, L);
   // pieces: sequence b's key ranges of `chunk` pages, each for the 8 kv heads in turn (the
   // heads of one range claimed together, so the pages' 8 head rows are read at about one time)

@@ -172,6 +172,19 @@ __global__ void __launch_bounds__(512) grid_read(const uint4 *__restrict__ p, lo
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+// The decode micros' command line: B L CHUNK MODE CHECK (64 4096 32 0 1); ok false (and
+// said why) where L is not whole pages or CHUNK is not 1-32
+struct micro_args {
+  int B, L, chunk, mode, check;
+  bool ok;
+  micro_args(int argc, char **argv)
+      : B(argc > 1 ? atoi(argv[1]) : 64), L(argc > 2 ? atoi(argv[2]) : 4096), chunk(argc > 3 ? atoi(argv[3]) : 32),
+        mode(argc > 4 ? atoi(argv[4]) : 0), check(argc > 5 ? atoi(argv[5]) : 1) {
+    ok = L % PS == 0 && chunk >= 1 && chunk <= 32;
+    if (!ok) printf("L: a multiple of 16; CHUNK 1-32\n");
+  }
+};
+
 static float bf2f(__nv_bfloat16 v) { return __bfloat162float(v); }
 static u64 rng = 88172645463325252ull;
 static u64 next() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }

@@ -183,10 +183,9 @@ static void make_map(CUtensorMap *m, void *base, long long npages) {
 }
 
 int main(int argc, char **argv) {
-  const int B = argc > 1 ? atoi(argv[1]) : 64, L = argc > 2 ? atoi(argv[2]) : 4096;
-  const int chunk = argc > 3 ? atoi(argv[3]) : 32, mode = argc > 4 ? atoi(argv[4]) : 0;
-  const int check = argc > 5 ? atoi(argv[5]) : 1;
-  if (L % PS || chunk < 1 || chunk > 32) { printf("L: a multiple of 16; CHUNK 1-32\n"); return 1; }
+  const micro_args a(argc, argv);
+  if (!a.ok) return 1;
+  const int B = a.B, L = a.L, chunk = a.chunk, mode = a.mode, check = a.check;
   decode_case c(B, L);
   // pieces: each sequence in pieces of `chunk` pages, in sequence order
   std::vector<piece> pcs;
