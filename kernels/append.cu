@@ -15,7 +15,8 @@
  * store. (One warp per row, before: each row paid the binary search and the
  * block table's dependent round trips, and the kernel ran at 0.24 of the
  * read rate; kernels/NOTES.md, session 10.) The token's cos/sin rows are
- * staged once in shared memory for all its heads, in double.
+ * staged once in shared memory for all its heads (as f32: the tables' dtype
+ * is at most that, so exact).
  *
  * 16-bit rows (rotate_rows8, where they allow): a lane takes 8 elements at
  * a time straight from memory (16-byte loads: GPT-J 4 pairs, GPT-NeoX 8
@@ -28,7 +29,8 @@
  * to the dtype, as the CPU backend does, so both write the same cache
  * bytes.
  *
- * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16).
+ * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16); tuning (A/Bs by
+ * PAGEDATTN_NVRTC_OPTIONS): PA_APPEND_MINB, PA_APPEND_KV (below).
  */
 #ifndef PA_EMBED_ONLY
 #include "common.cuh"
@@ -38,6 +40,15 @@
 #endif
 
 #define WARPS 8
+/* blocks a SM the registers must allow, and v chunks a lane a pass of the
+ * new tokens' 16-byte path (append_new8; its rotary items a lane a pass half
+ * that) */
+#ifndef PA_APPEND_MINB
+#define PA_APPEND_MINB 4
+#endif
+#ifndef PA_APPEND_KV
+#define PA_APPEND_KV 2
+#endif
 #define STAGE 512 /* elements of a token's rows staged at once per warp (whole heads) */
 #define MAX_HALF 128 /* rotary_dim / 2 <= head_dim / 2 <= 128 */
 
@@ -75,7 +86,7 @@ __device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int
  * time through the warp's stage x (pa_load8 where the rows allow). */
 template <typename S>
 __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const void *src, i64 src0, int heads,
-                                            double *x, const double *cs, const double *sn, int lane, S store) {
+                                            double *x, const float *cs, const float *sn, int lane, S store) {
     const int D = p.head_dim, per = STAGE / D; /* heads a batch */
     /* (16-bit dtypes: 8 elements a load; f32's element loads are whole lines already) */
     const bool vec = ESZ == 2 && D % 8 == 0 && ((((u64)src) + (u64)src0 * ESZ) & 15) == 0;
@@ -150,6 +161,12 @@ template <> struct out8<true> {
     }
 };
 
+/* Rotary chunks of a token's `heads` rows (rows8_pass's items) */
+__device__ __forceinline__ int rows8_items(const pa_append_params &p, int heads) {
+    const int D = p.head_dim, rd = p.rotary_dim;
+    return heads * ((p.interleaved ? rd / 8 : rd / 16) + (D - rd) / 8);
+}
+
 /* Whether rotate_rows8 takes a warp's `heads` rows of a token (16-bit
  * dtypes): whole 16-byte chunks on both sides, rotary halves (GPT-NeoX) or
  * pairs (GPT-J) that fill them, and a chunk for every lane at least (with
@@ -159,67 +176,64 @@ template <> struct out8<true> {
 __device__ __forceinline__ bool rows8_ok(const pa_append_params &p, int heads, u64 src_byte, u64 dst_byte) {
     const int D = p.head_dim, rd = p.rotary_dim;
     return ESZ == 2 && D % 8 == 0 && rd % (p.interleaved ? 8 : 16) == 0 && ((src_byte | dst_byte) & 15) == 0 &&
-           heads * (D / 8 - (p.interleaved ? 0 : rd / 16)) >= 32; /* rotate_rows8's chunks */
+           rows8_items(p, heads) >= 32; /* rotate_rows8's chunks */
 }
 
-/* A token's `heads` rows of D elements at src (16-bit dtype) rotated into
- * dst (the same rows: the cache slot, or the f32 copy of q) without staging
- * them: a lane takes 8 elements at a time -- GPT-J 4 adjacent pairs,
- * GPT-NeoX 8 first-half elements and their 8 partners, or 8 past the rotary
- * dim -- straight from src (16-byte loads, all of a pass's before any
- * store). Where rows8_ok. Same arithmetic as rotate_pair, one rounding. */
-template <bool F32>
-__device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const char *src, char *dst, int heads,
-                                             const double *cs, const double *sn, int lane) {
-    const int D = p.head_dim, rd = p.rotary_dim, half = rd >> 1;
-    const int rot = p.interleaved ? rd / 8 : half / 8; /* rotary chunks a head */
-    const int per = rot + (D - rd) / 8;                /* chunks a head */
-    constexpr int K = 2;                               /* chunks a lane in flight */
-    int hh = lane / per, c = lane - hh * per;          /* item lane + 32 k: (head, chunk), stepped on */
-    for (int u0 = 0; u0 < heads * per; u0 += 32 * K) {
-        int e[K], ch[K];
-        uint4 a[K], b[K];
+/* One pass of rotate_rows8 over a token's `heads` rows at src (16-bit dtype):
+ * a lane's K items (a head's 16-byte chunk: GPT-J 4 adjacent pairs, GPT-NeoX
+ * 8 first-half elements and their 8 partners, or 8 past the rotary dim),
+ * items u0 + lane + 32 k. load() issues the pass's 16-byte loads; store()
+ * rotates (rotate_pair's arithmetic, one rounding) and stores them into dst
+ * (the same rows: the cache slot, or the f32 copy of q). Apart, so that a
+ * token's first loads go out before its destination and cos/sin are known. */
+template <bool F32, int K> struct rows8_pass {
+    int e[K], cc[K];
+    uint4 a[K], b[K];
+    bool ok[K];
+    __device__ __forceinline__ void load(const pa_append_params &p, const char *src, int heads, int u0, int lane) {
+        const int D = p.head_dim, rd = p.rotary_dim, half = rd >> 1;
+        const int rot = p.interleaved ? rd / 8 : half / 8; /* rotary chunks a head */
+        const int per = rot + (D - rd) / 8;                /* chunks a head */
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            /* GPT-NeoX's rotary chunk c: first-half elements 8c.. and their
-             * partners half + 8c..; GPT-J's: elements 8c..; past the rotary
-             * dim: rd + 8 (c - rot).. */
-            ch[k] = c;
+            const int u = u0 + lane + 32 * k, hh = u / per, c = u - hh * per;
+            ok[k] = u < heads * per;
+            cc[k] = c;
             e[k] = hh * D + (c < rot || p.interleaved ? 8 * c : rd + 8 * (c - rot));
-            if (u0 + lane + 32 * k < heads * per) {
+            if (ok[k]) {
                 a[k] = *(const uint4 *)(src + (i64)e[k] * 2);
                 if (c < rot && !p.interleaved) b[k] = *(const uint4 *)(src + (i64)(e[k] + half) * 2);
             }
-            c += 32;
-            while (c >= per) {
-                c -= per;
-                hh++;
-            }
         }
+    }
+    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const float *cs,
+                                          const float *sn) const {
+        const int rd = p.rotary_dim, half = rd >> 1;
+        const int rot = p.interleaved ? rd / 8 : half / 8;
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            if (u0 + lane + 32 * k >= heads * per) break;
-            const int cc = ch[k];
+            if (!ok[k]) break;
+            const int c = cc[k];
             out8<F32> y;
-            if (cc >= rot) { /* past the rotary dim: as it is */
+            if (c >= rot) { /* past the rotary dim: as it is */
 #pragma unroll
                 for (int i = 0; i < 8; i++) y.put(i, elem8(a[k], i));
                 y.flush(dst, e[k]);
-            } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 cc + i */
+            } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 c + i */
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     double y0, y1;
-                    rotate_pair(elem8(a[k], 2 * i), elem8(a[k], 2 * i + 1), cs[4 * cc + i], sn[4 * cc + i], y0, y1);
+                    rotate_pair(elem8(a[k], 2 * i), elem8(a[k], 2 * i + 1), cs[4 * c + i], sn[4 * c + i], y0, y1);
                     y.put(2 * i, y0);
                     y.put(2 * i + 1, y1);
                 }
                 y.flush(dst, e[k]);
-            } else { /* j = 8 cc + i: a[k] the first half's elements, b[k] their partners */
+            } else { /* j = 8 c + i: a[k] the first half's elements, b[k] their partners */
                 out8<F32> y1;
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     double r0, r1;
-                    rotate_pair(elem8(a[k], i), elem8(b[k], i), cs[8 * cc + i], sn[8 * cc + i], r0, r1);
+                    rotate_pair(elem8(a[k], i), elem8(b[k], i), cs[8 * c + i], sn[8 * c + i], r0, r1);
                     y.put(i, r0);
                     y1.put(i, r1);
                 }
@@ -228,30 +242,172 @@ __device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const ch
             }
         }
     }
+};
+
+/* One pass of a plain copy of 16-byte chunks u0 + lane + 32 k of n (v rows,
+ * and k rows without rotary), loads and stores apart as rows8_pass's. */
+template <int K> struct copy8_pass {
+    uint4 v[K];
+    __device__ __forceinline__ void load(const char *src, int n, int u0, int lane) {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (u0 + lane + 32 * k < n) v[k] = ((const uint4 *)src)[u0 + lane + 32 * k];
+    }
+    __device__ __forceinline__ void store(char *dst, int n, int u0, int lane) const {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (u0 + lane + 32 * k < n) ((uint4 *)dst)[u0 + lane + 32 * k] = v[k];
+    }
+};
+
+/* A token's `heads` rows at src (16-bit dtype) rotated into dst, pass by
+ * pass; `first`: pass 0's loads, issued by the caller (its cos/sin staged
+ * since). Where rows8_ok. */
+template <bool F32, int K>
+__device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const char *src, char *dst, int heads,
+                                             const float *cs, const float *sn, int lane,
+                                             const rows8_pass<F32, K> &first) {
+    first.store(p, dst, cs, sn);
+    const int n = rows8_items(p, heads);
+    for (int u0 = 32 * K; u0 < n; u0 += 32 * K) {
+        rows8_pass<F32, K> r;
+        r.load(p, src, heads, u0, lane);
+        r.store(p, dst, cs, sn);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_append_params p) {
+/* Whether a new token's rows take the 16-byte path (append_new8): 16-bit
+ * dtypes, D % 8 == 0, every row 16-byte aligned (the four bases are, and
+ * rows are whole chunks), with rotary where rows8_ok's chunks allow it, or
+ * without rotary. */
+__device__ __forceinline__ bool new8_ok(const pa_append_params &p, int heads) {
+    const int D = p.head_dim, rd = p.rotary_dim;
+    const u64 bases = p.k_new | p.v_new | p.k_cache | p.v_cache;
+    return ESZ == 2 && D % 8 == 0 && (bases & 15) == 0 &&
+           (!p.rot_cos || (rd % (p.interleaved ? 8 : 16) == 0 && rows8_items(p, heads) >= 32));
+}
+
+/* The position's cos/sin row (half <= MAX_HALF values of each) staged in
+ * the warp's cs / sn for all the token's heads: rot_row loads it into a
+ * lane's registers and puts it there apart, so that append_new8 has it in
+ * flight with the page id and stages it after v's stores; stage_rot at once
+ * (its loop, not rot_row's registers, in the other paths: ptxas spills less,
+ * 108 against 128 bytes). */
+struct rot_row {
+    float c[MAX_HALF / 32], s[MAX_HALF / 32];
+    __device__ __forceinline__ void load(const pa_append_params &p, i64 pos, int lane) {
+        const int half = p.rotary_dim >> 1;
+#pragma unroll
+        for (int t = 0; t < MAX_HALF / 32; t++)
+            if (lane + 32 * t < half) {
+                c[t] = pa_load_any((const void *)p.rot_cos, p.rot_dtype, pos * half + lane + 32 * t);
+                s[t] = pa_load_any((const void *)p.rot_sin, p.rot_dtype, pos * half + lane + 32 * t);
+            }
+    }
+    __device__ __forceinline__ void put(const pa_append_params &p, float *cs, float *sn, int lane) const {
+        const int half = p.rotary_dim >> 1;
+#pragma unroll
+        for (int t = 0; t < MAX_HALF / 32; t++)
+            if (lane + 32 * t < half) {
+                cs[lane + 32 * t] = c[t];
+                sn[lane + 32 * t] = s[t];
+            }
+    }
+};
+__device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, float *cs, float *sn, int lane) {
+    const int half = p.rotary_dim >> 1;
+    for (int j = lane; j < half; j += 32) {
+        cs[j] = pa_load_any((const void *)p.rot_cos, p.rot_dtype, pos * half + j);
+        sn[j] = pa_load_any((const void *)p.rot_sin, p.rot_dtype, pos * half + j);
+    }
+}
+
+/* New token n of sequence b (16-byte path, new8_ok): this warp's heads h0,
+ * nh of its k (rotated where ROT) and v rows into their cache slot, the
+ * token's cos/sin staged in cs / sn. A pass loads PA_APPEND_KV v chunks and
+ * KK rotary items (or KV k chunks) a lane, all before its stores; pass 0's
+ * before the sequence's meta where the rows are dense (row n), so that they
+ * fly under the meta, block-table and cos/sin round trips (64 x 512 tokens
+ * 83.7 -> 80.2 us; more in flight a warp, by more registers (spills at four
+ * blocks a SM, or three blocks) or by cp.async into shared memory, was
+ * slower: kernels/NOTES.md, session 31). */
+template <int KK, bool ROT>
+__device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, int b, int h0, int nh, float *cs,
+                                            float *sn, int lane) {
+    const int D = p.head_dim, nv = nh * D / 8;
+    const int nk = ROT ? rows8_items(p, nh) : nv;
+    constexpr int KV = PA_APPEND_KV, KP = ROT ? KK : KV; /* v chunks and k items a lane a pass */
+    const int passes = max((nk + 32 * KP - 1) / (32 * KP), (nv + 32 * KV - 1) / (32 * KV));
+    rows8_pass<false, ROT ? KK : 1> kr;
+    copy8_pass<ROT ? 1 : KV> kc;
+    copy8_pass<KV> vc;
+    const char *ks = nullptr, *vs = nullptr;
+    auto sources = [&](i64 row) {
+        const i64 src = (row * p.kv_heads + h0) * (i64)D;
+        ks = (const char *)p.k_new + src * 2;
+        vs = (const char *)p.v_new + src * 2;
+    };
+    auto load = [&](int j) {
+        if (ROT) kr.load(p, ks, nh, j * 32 * KK, lane);
+        else kc.load(ks, nv, j * 32 * KV, lane);
+        vc.load(vs, nv, j * 32 * KV, lane);
+    };
+    if (p.new_dense) {
+        sources(n);
+        load(0);
+    }
+    const pa_seq_meta m = ((const pa_seq_meta *)p.meta)[b];
+    const i64 i = n - m.new_prefix;
+    if (!p.new_dense) {
+        sources(m.new_row + i);
+        load(0);
+    }
+    const i64 pos = (i64)m.append_pos + i;
+    i64 page, slot;
+    if (p.block_table) {
+        page = ((const int *)p.block_table)[(i64)b * p.bt_stride + pos / p.page_size];
+        slot = pos % p.page_size;
+    } else {
+        page = m.cache_row;
+        slot = pos;
+    }
+    /* cos/sin in flight with the page id; v's stores (which need only the
+     * page) before they are staged, so that v's registers are free for the
+     * rotation */
+    rot_row rr;
+    if (ROT) rr.load(p, pos, lane);
+    const i64 dst = (page * p.page_stride + slot * p.row_stride + (i64)h0 * D) * 2;
+    char *kd = (char *)p.k_cache + dst, *vd = (char *)p.v_cache + dst;
+    vc.store(vd, nv, 0, lane);
+    if (ROT) {
+        rr.put(p, cs, sn, lane);
+        __syncwarp();
+    }
+    for (int j = 0;;) {
+        if (ROT) kr.store(p, kd, cs, sn);
+        else kc.store(kd, nv, j * 32 * KV, lane);
+        if (++j >= passes) break;
+        load(j);
+        vc.store(vd, nv, j * 32 * KV, lane);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_append(const pa_append_params p) {
     __shared__ double s_x[WARPS][STAGE];
-    __shared__ double s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
+    __shared__ float s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 w = (i64)blockIdx.x * WARPS + warp;
     const i64 item = w / p.split; /* a new token, then a query token */
     const int share = (int)(w - item * p.split);
-    const int D = p.head_dim, half = p.rotary_dim >> 1;
+    const int D = p.head_dim;
     const pa_seq_meta *meta = (const pa_seq_meta *)p.meta;
-    double *x = s_x[warp], *cs = s_cs[warp], *sn = s_sn[warp];
+    double *x = s_x[warp];
+    float *cs = s_cs[warp], *sn = s_sn[warp];
     /* this warp's heads of the token's `heads` */
     auto heads_of = [&](int heads, int &h0, int &nh) {
         const int per = (heads + p.split - 1) / p.split;
         h0 = min(heads, share * per);
         nh = min(heads, h0 + per) - h0;
-    };
-    /* the position's cos/sin row, staged for all the token's heads */
-    auto stage_rot = [&](i64 pos) {
-        for (int j = lane; j < half; j += 32) {
-            cs[j] = pa_load_any((const void *)p.rot_cos, p.rot_dtype, pos * half + j);
-            sn[j] = pa_load_any((const void *)p.rot_sin, p.rot_dtype, pos * half + j);
-        }
     };
 
     if (item < p.total_new) {
@@ -259,6 +415,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_a
         const i64 n = item;
         const int b = p.new_per_seq > 0 ? (int)(n / p.new_per_seq)
                                           : pa_warp_upper_index(p.batch, n, lane, [&](int i) { return meta[i].new_prefix; });
+        /* this warp's heads h0 .. of the token's [kv_heads, D] rows, adjacent on both sides */
+        int h0, nh;
+        heads_of(p.kv_heads, h0, nh);
+        if (new8_ok(p, nh)) {
+            if (p.rot_cos) append_new8<PA_APPEND_KV / 2, true>(p, n, b, h0, nh, cs, sn, lane);
+            else append_new8<1, false>(p, n, b, h0, nh, cs, sn, lane);
+            return;
+        }
         const pa_seq_meta m = meta[b];
         const i64 i = n - m.new_prefix;
         const i64 pos = (i64)m.append_pos + i;
@@ -270,12 +434,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_a
             page = m.cache_row;
             slot = pos;
         }
-        /* the token's rows: [kv_heads, D], adjacent on both sides; this warp's heads h0 .. */
-        int h0, nh;
-        heads_of(p.kv_heads, h0, nh);
         const i64 src = ((m.new_row + i) * p.kv_heads + h0) * (i64)D;
         const i64 dst = page * p.page_stride + slot * p.row_stride + (i64)h0 * D;
-        if (p.rot_cos) stage_rot(pos);
+        if (p.rot_cos) stage_rot(p, pos, cs, sn, lane);
         copy_rows((char *)p.v_cache + dst * ESZ, (const char *)p.v_new + src * ESZ, (i64)nh * D, lane);
         if (!p.rot_cos) {
             copy_rows((char *)p.k_cache + dst * ESZ, (const char *)p.k_new + src * ESZ, (i64)nh * D, lane);
@@ -284,30 +445,36 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 4) pa_append(const pa_a
         const char *ks = (const char *)p.k_new + src * ESZ;
         char *kd = (char *)p.k_cache + dst * ESZ;
         if (rows8_ok(p, nh, (u64)ks, (u64)kd)) {
+            rows8_pass<false, 2> first;
+            first.load(p, ks, nh, 0, lane);
             __syncwarp(); /* cos/sin staged */
-            rotate_rows8<false>(p, ks, kd, nh, cs, sn, lane);
+            rotate_rows8(p, ks, kd, nh, cs, sn, lane, first);
             return;
         }
         rotate_rows(p, (const void *)p.k_new, src, nh, x, cs, sn, lane,
                     [&](i64 e, double v) { pa_store_f64<PA_DTYPE>((void *)p.k_cache, dst + e, v); });
         return;
     }
-    /* query token r: its q rows (all heads) -> rotated f32 copies */
+    /* query token r: its q rows (all heads) -> rotated f32 copies; the
+     * rows' first loads (16-byte path) before the sequence and cos/sin */
     const i64 r = item - p.total_new;
     if (r >= p.q_rows) return;
+    int h0, nh;
+    heads_of(p.heads, h0, nh);
+    const i64 off = (r * p.heads + h0) * (i64)D;
+    float *out = (float *)p.q_rot + off;
+    const char *qs = (const char *)p.q + off * ESZ;
+    const bool r8 = rows8_ok(p, nh, (u64)qs, (u64)out);
+    rows8_pass<true, 2> first;
+    if (r8) first.load(p, qs, nh, 0, lane);
     const int b = p.q_per_seq > 0 ? (int)(r / p.q_per_seq)
                                   : pa_warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });
     const pa_seq_meta m = meta[b];
     const i64 pos = (i64)m.append_pos + (p.rope_q_step ? r - m.q_start : 0);
-    int h0, nh;
-    heads_of(p.heads, h0, nh);
-    const i64 off = (r * p.heads + h0) * (i64)D;
-    stage_rot(pos);
-    float *out = (float *)p.q_rot + off;
-    const char *qs = (const char *)p.q + off * ESZ;
-    if (rows8_ok(p, nh, (u64)qs, (u64)out)) {
+    stage_rot(p, pos, cs, sn, lane);
+    if (r8) {
         __syncwarp(); /* cos/sin staged */
-        rotate_rows8<true>(p, qs, (char *)out, nh, cs, sn, lane);
+        rotate_rows8(p, qs, (char *)out, nh, cs, sn, lane, first);
         return;
     }
     rotate_rows(p, (const void *)p.q, off, nh, x, cs, sn, lane, [&](i64 e, double v) { out[e] = (float)v; });

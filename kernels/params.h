@@ -138,6 +138,9 @@ typedef struct pa_append_params {
     /* > 0: every sequence has this many new tokens (queries), in order from
      * row 0, so a token's sequence is its row / this (no search); 0: search */
     pa_i32 new_per_seq, q_per_seq;
+    /* 1: each sequence's new rows follow the last one's (token n's k / v rows
+     * are row n of k_new / v_new), so their loads need no meta */
+    pa_i32 new_dense;
 } pa_append_params;
 
 #endif /* PA_EMBED_ONLY */

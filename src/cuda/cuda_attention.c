@@ -29,7 +29,7 @@
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
 _Static_assert(sizeof(pa_attn_params) == 208, "pa_attn_params layout");
-_Static_assert(sizeof(pa_append_params) == 168, "pa_append_params layout");
+_Static_assert(sizeof(pa_append_params) == 176, "pa_append_params layout");
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 #define MAX_SPLITS 1024
@@ -1064,12 +1064,14 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
     /* as many new tokens (queries) in every sequence, in order: the append
      * kernel finds a token's sequence by a division, not a search (0: not so) */
     int32_t new_per_seq = B > 0 ? p->h_num_new[0] : 0, q_per_seq = B > 0 ? p->h_seqlen_q[0] : 0;
+    bool new_dense = true; /* each sequence's new rows right after the last one's */
     for (int32_t b = 0; b < B; b++) {
         pa_seq_meta *mb = &meta[b];
         memset(mb, 0, sizeof *mb);
         mb->q_start = p->h_q_start[b];
         mb->new_row = p->h_new_start_row[b];
         mb->new_prefix = new_prefix;
+        if (p->h_num_new[b] > 0 && mb->new_row != new_prefix) new_dense = false;
         new_prefix += p->h_num_new[b];
         mb->append_pos = p->h_append_pos[b];
         mb->cache_row = p->paged ? 0 : (p->h_cache_batch_idx ? p->h_cache_batch_idx[b] : b);
@@ -1136,6 +1138,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.split = split < cap ? split : cap;
         ap.new_per_seq = new_per_seq;
         ap.q_per_seq = rotate_q ? q_per_seq : 0;
+        ap.new_dense = new_dense;
         const int64_t grid = (tokens * ap.split + 7) / 8; /* 8 warps a block */
         void *args[] = {&ap};
         if (grid > INT32_MAX)
