@@ -15,8 +15,8 @@
  * store. (One warp per row, before: each row paid the binary search and the
  * block table's dependent round trips, and the kernel ran at 0.24 of the
  * read rate; kernels/NOTES.md, session 10.) The token's cos/sin rows are
- * staged once in shared memory for all its heads (as f32: the tables' dtype
- * is at most that, so exact).
+ * staged once in shared memory for all its heads, in double (as f32 they
+ * read 64 x 512 tokens 0.6 us slower; kernels/NOTES.md, session 32).
  *
  * 16-bit rows (rotate_rows8, where they allow): a lane takes 8 elements at
  * a time straight from memory (16-byte loads: GPT-J 4 pairs, GPT-NeoX 8
@@ -86,7 +86,7 @@ __device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int
  * time through the warp's stage x (pa_load8 where the rows allow). */
 template <typename S>
 __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const void *src, i64 src0, int heads,
-                                            double *x, const float *cs, const float *sn, int lane, S store) {
+                                            double *x, const double *cs, const double *sn, int lane, S store) {
     const int D = p.head_dim, per = STAGE / D; /* heads a batch */
     /* (16-bit dtypes: 8 elements a load; f32's element loads are whole lines already) */
     const bool vec = ESZ == 2 && D % 8 == 0 && ((((u64)src) + (u64)src0 * ESZ) & 15) == 0;
@@ -206,8 +206,8 @@ template <bool F32, int K> struct rows8_pass {
             }
         }
     }
-    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const float *cs,
-                                          const float *sn) const {
+    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const double *cs,
+                                          const double *sn) const {
         const int rd = p.rotary_dim, half = rd >> 1;
         const int rot = p.interleaved ? rd / 8 : half / 8;
 #pragma unroll
@@ -265,7 +265,7 @@ template <int K> struct copy8_pass {
  * since). Where rows8_ok. */
 template <bool F32, int K>
 __device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const char *src, char *dst, int heads,
-                                             const float *cs, const float *sn, int lane,
+                                             const double *cs, const double *sn, int lane,
                                              const rows8_pass<F32, K> &first) {
     first.store(p, dst, cs, sn);
     const int n = rows8_items(p, heads);
@@ -304,7 +304,7 @@ struct rot_row {
                 s[t] = pa_load_any((const void *)p.rot_sin, p.rot_dtype, pos * half + lane + 32 * t);
             }
     }
-    __device__ __forceinline__ void put(const pa_append_params &p, float *cs, float *sn, int lane) const {
+    __device__ __forceinline__ void put(const pa_append_params &p, double *cs, double *sn, int lane) const {
         const int half = p.rotary_dim >> 1;
 #pragma unroll
         for (int t = 0; t < MAX_HALF / 32; t++)
@@ -314,7 +314,7 @@ struct rot_row {
             }
     }
 };
-__device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, float *cs, float *sn, int lane) {
+__device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, double *cs, double *sn, int lane) {
     const int half = p.rotary_dim >> 1;
     for (int j = lane; j < half; j += 32) {
         cs[j] = pa_load_any((const void *)p.rot_cos, p.rot_dtype, pos * half + j);
@@ -332,8 +332,8 @@ __device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, fl
  * blocks a SM, or three blocks) or by cp.async into shared memory, was
  * slower: kernels/NOTES.md, session 31). */
 template <int KK, bool ROT>
-__device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, int b, int h0, int nh, float *cs,
-                                            float *sn, int lane) {
+__device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, int b, int h0, int nh, double *cs,
+                                            double *sn, int lane) {
     const int D = p.head_dim, nv = nh * D / 8;
     const int nk = ROT ? rows8_items(p, nh) : nv;
     constexpr int KV = PA_APPEND_KV, KP = ROT ? KK : KV; /* v chunks and k items a lane a pass */
@@ -392,17 +392,21 @@ __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, in
     }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_append(const pa_append_params p) {
+/* The kernel: pa_append_new8 has append_new8 for the new tokens where
+ * new8_ok, pa_append never (the host picks one by new8_ok's rule: without
+ * append_new8 in the kernel the staged paths of a head a warp run 256 x 1
+ * tokens 7.1 -> 6.9 us, 1024 x 1 13.1 -> 12.6; kernels/NOTES.md, session
+ * 32). */
+template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append_params &p) {
     __shared__ double s_x[WARPS][STAGE];
-    __shared__ float s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
+    __shared__ double s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 w = (i64)blockIdx.x * WARPS + warp;
     const i64 item = w / p.split; /* a new token, then a query token */
     const int share = (int)(w - item * p.split);
     const int D = p.head_dim;
     const pa_seq_meta *meta = (const pa_seq_meta *)p.meta;
-    double *x = s_x[warp];
-    float *cs = s_cs[warp], *sn = s_sn[warp];
+    double *x = s_x[warp], *cs = s_cs[warp], *sn = s_sn[warp];
     /* this warp's heads of the token's `heads` */
     auto heads_of = [&](int heads, int &h0, int &nh) {
         const int per = (heads + p.split - 1) / p.split;
@@ -418,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_appe
         /* this warp's heads h0 .. of the token's [kv_heads, D] rows, adjacent on both sides */
         int h0, nh;
         heads_of(p.kv_heads, h0, nh);
-        if (new8_ok(p, nh)) {
+        if (NEW8 && new8_ok(p, nh)) {
             if (p.rot_cos) append_new8<PA_APPEND_KV / 2, true>(p, n, b, h0, nh, cs, sn, lane);
             else append_new8<1, false>(p, n, b, h0, nh, cs, sn, lane);
             return;
@@ -478,6 +482,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_appe
         return;
     }
     rotate_rows(p, (const void *)p.q, off, nh, x, cs, sn, lane, [&](i64 e, double v) { out[e] = (float)v; });
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_append(const pa_append_params p) {
+    append_body<false>(p);
+}
+extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_append_new8(const pa_append_params p) {
+    append_body<true>(p);
 }
 
 #endif /* PA_EMBED_ONLY */

@@ -958,7 +958,19 @@ static bool split_short(const attn_part *pt) {
            pt->short_tiles * pt->kp.head_tiles >= pt->kp.capacity;
 }
 
-static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, CUfunction append_fn) {
+/* Whether the append kernel's new tokens take its 16-byte path, as the
+ * kernel's new8_ok decides for a warp of `per` kv heads (append.cu): then
+ * pa_append_new8, else pa_append, which lacks that path (and runs a head a
+ * warp faster for it). */
+static bool append_new8(const pa_attn_problem *p, int per) {
+    const int D = p->head_dim, rd = p->rotary_dim, il = p->rotary_interleaved;
+    const uintptr_t bases = (uintptr_t)p->k_new | (uintptr_t)p->v_new | (uintptr_t)p->k_cache | (uintptr_t)p->v_cache;
+    if (p->total_new <= 0 || p->dtype == PA_F32 || D % 8 != 0 || (bases & 15) != 0) return false;
+    if (!p->rotary_cos) return true;
+    return rd % (il ? 8 : 16) == 0 && per * ((il ? rd / 8 : rd / 16) + (D - rd) / 8) >= 32;
+}
+
+static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, pa_kmodule *append_mod) {
     const int32_t B = p->batch, H = p->heads, Hk = p->kv_heads, D = p->head_dim;
     const bool attend = p->total_q > 0;
     const bool rotate_q = p->rotary_cos != NULL && attend;
@@ -1141,9 +1153,13 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
         ap.new_dense = new_dense;
         const int64_t grid = (tokens * ap.split + 7) / 8; /* 8 warps a block */
         void *args[] = {&ap};
+        const bool new8 = append_new8(p, (Hk + ap.split - 1) / ap.split);
+        CUfunction append_fn = NULL;
         if (grid > INT32_MAX)
             st = pa_fail(ctx, PA_ERR_UNSUPPORTED, "append: %lld tokens are too many", (long long)tokens);
-        else if (grid > 0) {
+        else if (grid > 0)
+            st = pa_cuda_function(ctx, impl, append_mod, new8 ? "pa_append_new8" : "pa_append", 0, &append_fn);
+        if (st == PA_OK && grid > 0) {
             r = pa_cu.cuLaunchKernel(append_fn, (unsigned)grid, 1, 1, 256, 1, 1, 0, impl->stream, args, NULL);
             if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuLaunchKernel(pa_append)", __FILE__, __LINE__);
         }
@@ -1237,15 +1253,13 @@ pa_status pa_cuda_attention(pa_context *ctx, const pa_attn_problem *p) {
     pthread_mutex_lock(&impl->lock);
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st == PA_OK) {
-        CUfunction append_fn = NULL;
+        pa_kmodule *append_mod = NULL;
         if (p->total_new > 0 || (p->rotary_cos && p->total_q > 0)) {
             char variant[64];
-            pa_kmodule *m;
             snprintf(variant, sizeof variant, "append dtype=%s", dtype_str(p->dtype));
-            st = pa_cuda_module(ctx, impl, variant, &m);
-            if (st == PA_OK) st = pa_cuda_function(ctx, impl, m, "pa_append", 0, &append_fn);
+            st = pa_cuda_module(ctx, impl, variant, &append_mod);
         }
-        if (st == PA_OK) st = run(ctx, impl, p, append_fn);
+        if (st == PA_OK) st = run(ctx, impl, p, append_mod);
         pa_cuda_leave(impl);
     }
     pthread_mutex_unlock(&impl->lock);
