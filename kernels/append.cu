@@ -164,7 +164,7 @@ template <> struct out8<true> {
 /* Rotary chunks of a token's `heads` rows (rows8_pass's items) */
 __device__ __forceinline__ int rows8_items(const pa_append_params &p, int heads) {
     const int D = p.head_dim, rd = p.rotary_dim;
-    return heads * ((p.interleaved ? rd / 8 : rd / 16) + (D - rd) / 8);
+    return PA_APPEND_ROWS8_ITEMS(heads, D, rd, p.interleaved);
 }
 
 /* Whether rotate_rows8 takes a warp's `heads` rows of a token (16-bit
@@ -175,8 +175,8 @@ __device__ __forceinline__ int rows8_items(const pa_append_params &p, int heads)
  * against 7.8 us; kernels/NOTES.md, session 11). */
 __device__ __forceinline__ bool rows8_ok(const pa_append_params &p, int heads, u64 src_byte, u64 dst_byte) {
     const int D = p.head_dim, rd = p.rotary_dim;
-    return ESZ == 2 && D % 8 == 0 && rd % (p.interleaved ? 8 : 16) == 0 && ((src_byte | dst_byte) & 15) == 0 &&
-           rows8_items(p, heads) >= 32; /* rotate_rows8's chunks */
+    return ESZ == 2 && D % 8 == 0 && PA_APPEND_ROWS8_RD(rd, p.interleaved) && ((src_byte | dst_byte) & 15) == 0 &&
+           rows8_items(p, heads) >= PA_APPEND_ROWS8_MIN; /* rotate_rows8's chunks */
 }
 
 /* One pass of rotate_rows8 over a token's `heads` rows at src (16-bit dtype):
@@ -284,15 +284,15 @@ __device__ __forceinline__ bool new8_ok(const pa_append_params &p, int heads) {
     const int D = p.head_dim, rd = p.rotary_dim;
     const u64 bases = p.k_new | p.v_new | p.k_cache | p.v_cache;
     return ESZ == 2 && D % 8 == 0 && (bases & 15) == 0 &&
-           (!p.rot_cos || (rd % (p.interleaved ? 8 : 16) == 0 && rows8_items(p, heads) >= 32));
+           (!p.rot_cos || (PA_APPEND_ROWS8_RD(rd, p.interleaved) && rows8_items(p, heads) >= PA_APPEND_ROWS8_MIN));
 }
 
 /* The position's cos/sin row (half <= MAX_HALF values of each) staged in
  * the warp's cs / sn for all the token's heads: rot_row loads it into a
  * lane's registers and puts it there apart, so that append_new8 has it in
  * flight with the page id and stages it after v's stores; stage_rot at once
- * (its loop, not rot_row's registers, in the other paths: ptxas spills less,
- * 108 against 128 bytes). */
+ * (its loop, not rot_row's registers, in the other paths: ptxas spilled
+ * less so, 108 against 128 bytes, in session 31's single kernel). */
 struct rot_row {
     float c[MAX_HALF / 32], s[MAX_HALF / 32];
     __device__ __forceinline__ void load(const pa_append_params &p, i64 pos, int lane) {

@@ -91,6 +91,15 @@ typedef struct pa_attn_params {
 #define PA_DECODE_CLAIM_RUN 2
 #define PA_DECODE_CLAIM_MAX_STAGES 4
 
+/* append.cu's 16-byte rotary rows: a token's `heads` rows of head dim D and
+ * rotary dim rd (il: GPT-J pairs, else GPT-NeoX halves) are
+ * PA_APPEND_ROWS8_ITEMS 16-byte chunks; a warp takes them 16 bytes at a
+ * time where PA_APPEND_ROWS8_RD and there are PA_APPEND_ROWS8_MIN. The
+ * host picks the append kernel's entry point by the same rule. */
+#define PA_APPEND_ROWS8_ITEMS(heads, D, rd, il) ((heads) * (((il) ? (rd) / 8 : (rd) / 16) + ((D) - (rd)) / 8))
+#define PA_APPEND_ROWS8_RD(rd, il) ((rd) % ((il) ? 8 : 16) == 0) /* whole chunks */
+#define PA_APPEND_ROWS8_MIN 32                                   /* chunks a warp at least */
+
 /* TMA descriptors of the K and V caches (the driver's 128-byte CUtensorMap,
  * built by cuTensorMapEncodeTiled): the second parameter of prefill_ws.cu's
  * kernel, __grid_constant__ there. 3-D: head-dim elements, kv heads, cache

@@ -967,7 +967,7 @@ static bool append_new8(const pa_attn_problem *p, int per) {
     const uintptr_t bases = (uintptr_t)p->k_new | (uintptr_t)p->v_new | (uintptr_t)p->k_cache | (uintptr_t)p->v_cache;
     if (p->total_new <= 0 || p->dtype == PA_F32 || D % 8 != 0 || (bases & 15) != 0) return false;
     if (!p->rotary_cos) return true;
-    return rd % (il ? 8 : 16) == 0 && per * ((il ? rd / 8 : rd / 16) + (D - rd) / 8) >= 32;
+    return PA_APPEND_ROWS8_RD(rd, il) && PA_APPEND_ROWS8_ITEMS(per, D, rd, il) >= PA_APPEND_ROWS8_MIN;
 }
 
 static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, pa_kmodule *append_mod) {
