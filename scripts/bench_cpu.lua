@@ -72,3 +72,10 @@ for _, c in ipairs(prefill_cases) do
   row("%-44s %10.3f %7.1f GFLOP/s %6.2f", string.format("prefill %s %d x %d causal, page %s", dtype, B, S,
     page == 0 and "none" or page), t * 1e3, gf, gf / ceil.fma_gflops)
 end
+
+-- The ceilings again: on a shared host (a VM) the read rate moves between runs
+-- (34-59 GB/s on one 2-core VM within minutes), and the ratios with it.
+local after = assert(dev:ceilings(quick and 0.3 or 1.0))
+print()
+print(string.format("ceilings after the table: read %.1f GB/s (%.1f before), fp32 FMA %.1f GFLOP/s (%.1f before)",
+  after.read_gbps, ceil.read_gbps, after.fma_gflops, ceil.fma_gflops))
