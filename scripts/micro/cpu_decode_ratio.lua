@@ -10,13 +10,7 @@ local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
 local dev = assert(pa.device("cpu"))
 local B, L, page = tonumber(arg[1] or 8), tonumber(arg[2] or 4096), tonumber(arg[3] or 16)
-local H, Hk, D = 32, 8, 128
-local kc, vc, bt = sweep.make_cache(pa, dev, B, L, Hk, D, page, "bf16")
-local q = pa.randn({ B, 1, H, D }, "bf16", dev, 3)
-local out = pa.tensor({ B, 1, H, D }, "bf16", dev)
-local opts = { cache_seqlens = L, block_table = bt, out = out }
-local f = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
-local bytes = 2 * B * L * Hk * D * 2 -- K and V, bf16
+local f, _, bytes = sweep.decode_batch(pa, dev, B .. "x" .. L, { H = 32, Hk = 8, D = 128, dtype = "bf16", page = page })
 for r = 1, tonumber(arg[4] or 5) do
   local c = assert(dev:ceilings(0.3))
   f()
