@@ -97,14 +97,17 @@ static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
 static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
 static_assert(CPR % LINE == 0 && R % GROUPS == 0, "copy mapping");
-static_assert(!HW || (!PERSIST && NWARPS * ROWS <= 32), "a warp a head tile: one block per unit, every Q in 32 rows");
+static_assert(!HW || NWARPS * ROWS <= 32, "a warp a head tile: every Q in 32 rows");
 /* rows of s_q that load_q fills: the tiles' Q (HW: four tiles of ROWS rows;
  * beyond 16 rows they take the place of a rotated q's lo half, which the
  * host then never passes) */
 constexpr int QROWS = HW && NWARPS * ROWS > 16 ? 32 : 16;
 static_assert(PA_STAGES >= 2, "pipeline depth");
-static_assert(NWARPS == 4 || (NWARPS == 8 && PERSIST), "warps a block: 4, or 8 for persistent blocks");
-static_assert(!PERSIST || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
+static_assert(NWARPS == 4 || (NWARPS == 8 && PERSIST && !HW), "warps a block: 4, or 8 for persistent blocks");
+static_assert(!PERSIST || HW || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
+/* the units that the counter hands out (HW: a block's NWARPS head tiles of a
+ * work item) are CU of the units that s_unit names (a work item's head tile) */
+constexpr int CU = HW ? NWARPS : 1;
 /* a unit this long loads the next one without waiting: its counter at stage
  * pst, its work item by cp.async at pst + 1 (landed STAGES - 1 stages later,
  * where the rest is asked for), its page ids STAGES - 1 more, in time for the
@@ -122,7 +125,7 @@ constexpr bool LATE = !HW && NWARPS == 4;
  * right after Q K^T, before the softmax (32 more registers: 206 -> 232);
  * the same lone-block chain, 0.7-1.1 us shorter a call at 256 x 1024 and
  * 128 x 2048 keys, no change elsewhere (kernels/NOTES.md, session 24) */
-constexpr bool VPRE = PERSIST && NWARPS == 4 && NT == 2;
+constexpr bool VPRE = PERSIST && !HW && NWARPS == 4 && NT == 2;
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
 /* Claimed stages (p.claim, one block per unit; kernels/NOTES.md, session
@@ -190,13 +193,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
      * work item is there) */
     bool claim = false;
     auto pages_of = [&](int j) { return (int *)smem + j * PA_MAXP; };
-    /* the next unit's index less gridDim.x (persistent blocks) */
+    /* the next unit's index less gridDim.x (persistent blocks; HW: in
+     * blocks' units of CU head tiles), and the unit (head tile) it starts at */
     auto fetch_unit = [&]() {
         u32 *counter = (u32 *)p.counters + p.item_counter;
         const u32 f = atomicAdd(counter, 1u);
-        if (f == (u32)units - 1u) *counter = 0u;
+        if (f == (u32)(units / CU) - 1u) *counter = 0u;
         return f;
     };
+    auto unit_at = [&](u32 f) { return ((int)gridDim.x + (int)f) * CU; };
     /* stages a unit runs; PERSIST: at least STAGES, so that the copies
      * running ahead (STAGES - 1 stages, their row offsets one more) never
      * reach past the next unit (the extra stages copy nothing: zero-filled,
@@ -367,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
      * work item, with its first page ids where the host listed them
      * (p.first_pages) */
     int j = 0;
-    const int unit0 = (int)blockIdx.x * (HW ? NWARPS : 1);
+    const int unit0 = (int)blockIdx.x * CU;
     load_item(0, unit0);
     /* a launch after this one (programmatic, the short units of a call that
      * also has long ones: cuda_attention.c) may take the SMs this grid
@@ -454,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         u32 fetched = 0;
         if (PERSIST && !prep_async) {
             __syncthreads(); /* Q fragments and rows read: s_q and the other slot are free */
-            if (tid == 0) s_next = (int)gridDim.x + (int)fetch_unit();
+            if (tid == 0) s_next = unit_at(fetch_unit());
             __syncthreads();
             load_item(j ^ 1, s_next);
             __syncthreads();
@@ -519,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const int pst = nst - PREP_STAGES;
                 if (st == pst && tid == 0) fetched = fetch_unit();
                 if (st == pst + 1 && tid == 0) {
-                    const int next = (int)gridDim.x + (int)fetched;
+                    const int next = unit_at(fetched);
                     set_unit(j ^ 1, next);
                     if (next < units) {
                         const u8 *src = (const u8 *)p.work + (i64)(next / p.head_tiles) * sizeof(pa_work);
@@ -718,7 +723,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 }
                 if (t4 == 0 && p.lse) pa_store_lse(p, w, h, qi, none ? -PA_INF : m0 + pa_log2(l0));
             }
-            break;
+            /* (PERSIST) the next unit: its Q fragments (landed stages ago,
+             * seen since a stage top's barrier; qa is free); a rotated q is
+             * loaded at the unit's start, over s_q, which this unit's last
+             * stage may still read in another warp */
+            if (!PERSIST || s_unit[j ^ 1] < 0) break;
+            if (p.q_f32) __syncthreads();
+            else load_qa();
+            j ^= 1;
+            continue;
         }
         /* 4. merge the warps through the buffer of the stage just consumed
          * (PERSIST: free until the next iteration's copies; the next unit's

@@ -110,25 +110,34 @@ describe("#gpu CUDA against the float64 reference", function()
   -- where q is rotated in the call; head tiles in fours (4, 8 or 12 kv
   -- heads), every call (PERSIST_MIN_KEYS) unsplit (SPLIT_CHUNK); HW=2: also
   -- where its blocks fill too little of the GPU (hw_waves_ok), and a call
-  -- that does not run so fails.
+  -- that does not run so fails. Either one block a unit
+  -- (PAGEDATTN_DECODE_HW_PERSIST=0), or persistent blocks (session 35),
+  -- three of them here, so that each takes several units from the counter,
+  -- loading the next while the current one streams (units of 8 stages or
+  -- more) or waiting for it (shorter ones).
   for _, kpw in ipairs({ "8", "16" }) do
-    it("#gpu decode, short units, a warp a head tile, " .. kpw .. " keys a warp (PAGEDATTN_DECODE_HW)", function()
-      local env = { PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "100000", PAGEDATTN_SPLIT_CHUNK = "100000",
-        PAGEDATTN_DECODE_HW = "2", PAGEDATTN_DECODE_SHORT_KPW = kpw }
-      H.with_env(env, function()
-        run_cases("gpu decode hw " .. kpw, H.scale(25), function(rng)
-          local group = ({ 1, 2, 4, 8 })[rng:int(1, 4)]
-          local nq = rng:int(1, math.floor(8 / group))
-          local mode = rng:int(1, 3) == 1 and "read" or "decode"
-          local want = { mode = mode, form = mode == "read" and "kvcache" or nil,
-            dtype = rng:int(1, 2) == 1 and "f16" or "bf16", page_size = ({ 0, 1, 3, 16, 32, 256 })[rng:int(1, 6)],
-            D = ({ 64, 128 })[rng:int(1, 2)], Hk = ({ 4, 8, 12 })[rng:int(1, 3)], group = group, B = rng:int(1, 9),
-            sq = nq, new = rng:int(1, 3) == 1 and nq or 1, num_splits = 0 }
-          if group * nq > 4 then want.rotary = false end -- (more than 4 rows: no rotated f32 q)
-          return want
+    for _, form in ipairs({ "one block a unit", "three persistent blocks" }) do
+      local persistent = form ~= "one block a unit"
+      it("#gpu decode, short units, a warp a head tile, " .. kpw .. " keys a warp, " .. form ..
+        " (PAGEDATTN_DECODE_HW)", function()
+        local env = { PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "100000", PAGEDATTN_SPLIT_CHUNK = "100000",
+          PAGEDATTN_DECODE_HW = "2", PAGEDATTN_DECODE_SHORT_KPW = kpw,
+          PAGEDATTN_DECODE_HW_PERSIST = persistent and "2" or "0", PAGEDATTN_DECODE_BLOCKS = persistent and "3" or nil }
+        H.with_env(env, function()
+          run_cases("gpu decode hw " .. kpw .. (persistent and " persistent" or ""), H.scale(25), function(rng)
+            local group = ({ 1, 2, 4, 8 })[rng:int(1, 4)]
+            local nq = rng:int(1, math.floor(8 / group))
+            local mode = rng:int(1, 3) == 1 and "read" or "decode"
+            local want = { mode = mode, form = mode == "read" and "kvcache" or nil,
+              dtype = rng:int(1, 2) == 1 and "f16" or "bf16", page_size = ({ 0, 1, 3, 16, 32, 256 })[rng:int(1, 6)],
+              D = ({ 64, 128 })[rng:int(1, 2)], Hk = ({ 4, 8, 12 })[rng:int(1, 3)], group = group, B = rng:int(1, 9),
+              sq = nq, new = rng:int(1, 3) == 1 and nq or 1, num_splits = 0 }
+            if group * nq > 4 then want.rotary = false end -- (more than 4 rows: no rotated f32 q)
+            return want
+          end)
         end)
       end)
-    end)
+    end
   end
 
   -- one block per unit, paged caches, the splits of a query tile claiming its

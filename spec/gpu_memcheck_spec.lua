@@ -146,9 +146,13 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
     H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2" }, function() compare_decode(pr, "short and long") end)
     -- the short ones unsplit (SPLIT_CHUNK), each block's four warps on a
     -- head tile of their own (HW=2: however few its blocks; a call that
-    -- does not run so fails)
-    H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2", PAGEDATTN_DECODE_HW = "2", PAGEDATTN_SPLIT_CHUNK = "100000" },
-      function() compare_decode(pr, "short and long, a warp a head tile") end)
+    -- does not run so fails), one block a unit, and persistent blocks, five
+    -- of them taking every unit (the long part's five too)
+    for _, persist in ipairs({ "0", "2" }) do
+      H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2", PAGEDATTN_DECODE_HW = "2", PAGEDATTN_SPLIT_CHUNK = "100000",
+        PAGEDATTN_DECODE_HW_PERSIST = persist, PAGEDATTN_DECODE_BLOCKS = persist == "2" and "5" or nil },
+        function() compare_decode(pr, "short and long, a warp a head tile, persistent " .. persist) end)
+    end
   end)
 
   it("#gpu rotary append of 3 tokens into pages above 2^31 elements, batch 36, then attention", function()

@@ -18,7 +18,9 @@
  *   - a sequence with a split tile has partial rows for its widest split,
  *     placed after the previous such sequences; the total is the plan's;
  *   - write_part's list (claiming splits reordered split-major) holds the
- *     same items as plan_items', each once.
+ *     same items as plan_items', each once;
+ *   - the warp-a-tile blocks run persistent on the shapes where that was
+ *     measured faster, and only there (hw_persist_pays).
  * Usage: planner_check SEED PROBLEMS. Prints "N problems, M items: ok", or
  * the first violation (and exits 1).
  */
@@ -191,6 +193,22 @@ int main(int argc, char **argv) {
         free(qs);
         free(ls);
         free(tiles);
+    }
+    /* The warp-a-tile blocks' persistence (hw_persist_pays) on the shapes
+     * measured for it (kernels/NOTES.md, session 35): B x L at 32 query
+     * heads over 8 kv heads (eight head tiles a sequence, four a block),
+     * 132 SMs, 3 stages, 16 keys a warp at two blocks a SM, 8 at three */
+    problem = -1;
+    static const struct { int kpw, split, seqs, keys; bool pays; } hwp[] = {
+        {16, 0, 512, 128, true},  {16, 0, 2048, 128, true}, {16, 0, 384, 128, true}, {16, 0, 1024, 256, true},
+        {16, 0, 512, 96, false},  {16, 0, 512, 112, false}, {16, 0, 128, 128, false}, {16, 0, 200, 128, false},
+        {16, 0, 256, 256, false}, {16, 2, 1024, 128, false}, {16, 1, 1024, 128, true}, {8, 0, 2048, 64, false},
+    };
+    for (size_t i = 0; i < sizeof hwp / sizeof hwp[0]; i++) {
+        const bool pays = hw_persist_pays(hwp[i].kpw, 3, hwp[i].kpw == 16 ? 2 : 3, hwp[i].split, hwp[i].keys,
+                                          (int64_t)hwp[i].seqs * 8 / 4, 132);
+        CHECK(pays == hwp[i].pays, "hw_persist_pays at %d keys a warp, split %d, %d x %d: %d, measured %d",
+              hwp[i].kpw, hwp[i].split, hwp[i].seqs, hwp[i].keys, pays, hwp[i].pays);
     }
     printf("%d problems, %lld items: ok\n", problems, items_total);
     return 0;

@@ -96,6 +96,29 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
     else snprintf(page, n, "any");
 }
 
+/* Whether warp-a-tile decode blocks (hw) of kpw keys a warp, `stages`
+ * stages and minb blocks a SM run persistent by default: a block takes its
+ * next unit of four head tiles from a counter and loads it while the
+ * current one streams, where one block a unit pays each unit's start (work
+ * item, page ids, the first stages' round trip) with its memory idle. It
+ * pays (kernels/NOTES.md, session 35; page 16, same process, one block a
+ * unit / persistent) at 16 keys a warp, on units averaging avg_keys of at
+ * least the kernel's PREP_STAGES (3 x stages - 1) stages, which load the
+ * next unit without waiting (512 x 96 keys 64.6 / 68.2 us, 512 x 112 72.2 /
+ * 75.9; 512 x 128 80.0 / 75.1, 512 x 192 109.4 / 106.2, 1024 x 256 265.0 /
+ * 261.5, 2048 x 128 277.1 / 270.6), in `blocks` of at least two a block at
+ * minb a SM (128 x 128 23.6 / 25.2, 200 x 128 37.0 / 38.9, 256 x 256 73.0 /
+ * 73.3; 384 x 128 61.7 / 58.6), and not on the short sequences of a split
+ * call (split 2), whose blocks start as the long ones end (32 x 4096 + 1024
+ * x 128 258.1 / 262.3, 16 x 4096 + 512 x 128 137.9 / 140.0). 8 keys a warp
+ * lost everywhere (1024 x 64 91.5 / 93.3, 2048 x 64 167.3 / 170.2, 1024 x
+ * 32 58.6 / 70.3). */
+static bool hw_persist_pays(int kpw, int stages, int minb, int split, int64_t avg_keys, int64_t blocks,
+                            int sm_count) {
+    return kpw == 16 && split != 2 && avg_keys >= (int64_t)(3 * stages - 1) * kpw &&
+           blocks >= 2 * (int64_t)minb * sm_count;
+}
+
 /* The kernel of one kind for a problem whose sequences of that kind have at
  * most max_q queries, with its launch shape. allow_ws: the warp-specialised
  * prefill or the persistent decode blocks may be chosen (the caller asks for
@@ -104,11 +127,12 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * the stages a block (plan_part); hw_keys > 0: and each warp takes a head
  * tile of its own, the units averaging that many keys (plan_part, hw_fits).
  * nseq, seq_keys: the part's sequences and their average keys, which with
- * split_long (the long sequences of a split call, plan_part) decide the
- * persistent blocks' eight warps (below). */
+ * split (plan_part: 0 a call's only decode part, 1 the long sequences of a
+ * split call, 2 its short ones) decide the persistent blocks' eight warps
+ * and the warp-a-tile blocks' persistence (below). */
 static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, kernel_kind kind,
                              int32_t max_q, bool allow_ws, bool short_units, int64_t hw_keys, int64_t nseq,
-                             int64_t seq_keys, bool split_long, kernel_plan *kp) {
+                             int64_t seq_keys, int split, kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     char variant[192], page[16];
     pa_kmodule *m;
@@ -154,7 +178,17 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
          * one block per unit): two slots of page ids, 768 each, to keep two
          * blocks per SM. PAGEDATTN_DECODE_GUIDED=1: the guided pieces
          * (plan_work; measured slower, kernels/NOTES.md, session 7) */
-        const bool persist = mma && kpw == 16 && allow_ws && env_int("PAGEDATTN_DECODE_PERSIST", 1, 0, 1) == 1;
+        const bool persist_env = env_int("PAGEDATTN_DECODE_PERSIST", 1, 0, 1) == 1;
+        const bool persist_long = mma && kpw == 16 && allow_ws && persist_env;
+        /* a warp a head tile (hw, below) in persistent blocks too, where
+         * that pays (hw_persist_pays). PAGEDATTN_DECODE_HW_PERSIST=0: never;
+         * 2 (specs): wherever hw runs. The same blocks a SM, the same plan
+         * (the rules below take persist_long). */
+        const bool hw = mma && short_units && hw_keys > 0;
+        const int hw_persist = env_int("PAGEDATTN_DECODE_HW_PERSIST", 1, 0, 2);
+        const bool hw_pays =
+            hw_persist_pays(kpw, stages, minb, split, hw_keys, nseq * p->kv_heads * (G / gt) / 4, impl->sm_count);
+        const bool persist = persist_long || (hw && persist_env && (hw_persist == 2 || (hw_persist == 1 && hw_pays)));
         kp->persistent = persist;
         kp->guided = env_int("PAGEDATTN_DECODE_GUIDED", 0, 0, 1) == 1;
         kp->tail_splits = !kp->guided;
@@ -169,11 +203,11 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
          * PAGEDATTN_DECODE_CLAIM=0: fixed ranges; 2 (specs): a call whose
          * splits cannot claim fails, so that a spec knows it tested them. */
         const int claim_env = env_int("PAGEDATTN_DECODE_CLAIM", 1, 0, 2);
-        kp->claim = mma && !persist && !kp->guided && p->paged && stages <= PA_DECODE_CLAIM_MAX_STAGES &&
+        kp->claim = mma && !persist_long && !kp->guided && p->paged && stages <= PA_DECODE_CLAIM_MAX_STAGES &&
                     claim_env >= 1;
         kp->claim_stages = PA_DECODE_CLAIM_STATIC(stages);
         kp->claim_required = claim_env == 2;
-        kp->hw = mma && short_units && hw_keys > 0;
+        kp->hw = hw;
         /* persistent blocks of eight warps, one a SM, 128 keys a stage (the
          * same bytes in flight a SM as two blocks of four): a block runs a
          * unit in half the time, so where each has few units their last ones
@@ -197,7 +231,7 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
         const int head_tiles = p->kv_heads * (G / gt);
         const int64_t units = nseq * head_tiles;
         int nw = 4, wide = 0;
-        if (persist && !(split_long && units <= 2 * (int64_t)impl->sm_count)) {
+        if (persist_long && !(split == 1 && units <= 2 * (int64_t)impl->sm_count)) {
             wide = env_int("PAGEDATTN_DECODE_WIDE", 1, 0, 2);
             const int64_t max_units =
                 (int64_t)env_int("PAGEDATTN_DECODE_WIDE_MAX_UNITS", 6, 0, 1 << 20) * impl->sm_count;
@@ -817,8 +851,8 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
             sum_keys += p->h_seqlen_k[b];
         }
     const int64_t seq_keys = nseq > 0 ? sum_keys / nseq : 0;
-    const bool split_long = pt->key_lo > 0; /* (the long sequences of a split call: plan_kernel) */
-    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, split_long, &pt->kp);
+    const int split = pt->key_lo > 0 ? 1 : pt->key_hi > 0 ? 2 : 0; /* (a split call's long / short part: plan_kernel) */
+    pa_status st = plan_kernel(ctx, impl, p, pt->kind, max_q, true, false, 0, nseq, seq_keys, split, &pt->kp);
     if (st) return st;
     const int qt = pt->kp.q_tile;
     const int32_t min_keys = persist_min_keys();
@@ -860,8 +894,8 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
     if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
         (candidate && (tiles <= pt->kp.grid_cap || short_units || hw))) {
         const bool short_kernel = candidate && (short_units || hw);
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, nseq, seq_keys,
-                         split_long, &pt->kp);
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, false, short_kernel, hw ? avg_keys : 0, nseq, seq_keys, split,
+                         &pt->kp);
         if (st) return st;
         if (pt->kp.q_tile != qt) return pa_fail(ctx, PA_ERR_INTERNAL, "attention: query tiles differ");
     }
@@ -889,7 +923,7 @@ static pa_status plan_part(pa_context *ctx, cuda_impl *impl, const pa_attn_probl
      * block per unit: few tiles) */
     if (pt->kp.hw && (pt->part_rows > 0 || pt->rule.claims ||
                       (hw_mode < 2 && !hw_waves_ok(pt->nwork * pt->kp.head_tiles / 4, pt->kp.capacity, short_units)))) {
-        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, nseq, seq_keys, split_long,
+        st = plan_kernel(ctx, impl, p, pt->kind, max_q, persist_kept, short_units, 0, nseq, seq_keys, split,
                          &pt->kp);
         if (st) return st;
         plan_list(p, pt);
@@ -1025,7 +1059,8 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
                 /* the items whose units the blocks run first (at most 1024 of
                  * them where each block runs one: 64 KB of the plan) */
                 int64_t first_units = pt->nwork * pt->kp.head_tiles;
-                if (pt->kp.persistent && first_units > pt->kp.grid_cap) first_units = pt->kp.grid_cap;
+                const int64_t first_cap = (int64_t)pt->kp.grid_cap * (pt->kp.hw ? 4 : 1); /* (hw: four a block) */
+                if (pt->kp.persistent && first_units > first_cap) first_units = first_cap;
                 pt->npaged = (first_units + pt->kp.head_tiles - 1) / pt->kp.head_tiles;
                 if (pt->npaged > 1024) pt->npaged = 1024;
                 pt->pages0 = npaged;

@@ -156,11 +156,11 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
                        "kernel variant '%s': decode_mma takes f16 or bf16 and D a multiple of 32 up to 128", name);
     if (mma && kpw == 16 && dim % 64 != 0)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': kpw=16 takes D 64 or 128", name);
-    if (mma && hw && (persist || nq * gt > 8))
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': hw=1 (a warp a head tile) takes persist=0 and "
+    if (mma && hw && (nw != 4 || nq * gt > 8))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': hw=1 (a warp a head tile) takes nw=4 and "
                        "nq * gt <= 8", name);
-    if (mma && persist && kpw != 16)
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': persist=1 takes kpw=16", name);
+    if (mma && persist && !hw && kpw != 16)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': persist=1 takes kpw=16 (or hw=1)", name);
     if (mma && nw == 8 && !persist)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': nw=8 (eight warps a block) takes persist=1", name);
     if (strcmp(out->kind->kind, "prefill") == 0 && (dtype == 0 || dim % 16 != 0))
@@ -217,6 +217,10 @@ static const char *const catalog[] = {
     "decode_mma dtype=bf16 D=96 nq=4 gt=1 page=contig stages=2 maxp=1024 kpw=8 persist=0 minb=3 hw=1 nw=4",
     "decode_mma dtype=f16 D=128 nq=1 gt=1 page=1 stages=3 maxp=1024 kpw=16 persist=0 minb=1 hw=1 nw=4",
     "decode_mma dtype=bf16 D=128 nq=1 gt=8 page=16 stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=8 persist=1 minb=3 hw=1 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=768 kpw=16 persist=1 minb=2 hw=1 nw=4",
+    "decode_mma dtype=f16 D=64 nq=2 gt=2 page=any stages=3 maxp=768 kpw=8 persist=1 minb=3 hw=1 nw=4",
+    "decode_mma dtype=bf16 D=128 nq=4 gt=2 page=contig stages=3 maxp=768 kpw=16 persist=1 minb=2 hw=1 nw=4",
     "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=256 stages=2 natural=0 minb=2",
     "prefill dtype=bf16 D=128 gt=4 page=contig stages=2 natural=0 minb=2",
