@@ -29,11 +29,14 @@
  * the end of one unit into the next: a block pays its start-up once, not
  * per unit.
  *
- * PA_HW=1 (one block per unit, short units; kernels/NOTES.md, session 20):
+ * PA_HW=1 (short units; kernels/NOTES.md, session 20):
  * each warp takes a head tile of its own, the block's unit being four head
  * tiles of a work item; a stage holds the same KPW keys of all four, each
  * warp keeps its tile's softmax whole and writes its rows from its
  * fragments: no merge of the warps, four times the stages per block start.
+ * With PA_PERSIST too (session 35): the counter hands out units of four
+ * head tiles, loaded while the current four stream (the host takes it at
+ * 16 keys a warp on units of PREP_STAGES stages or more: hw_persist_pays).
  *
  * p.claim (one block per unit, kernels/NOTES.md, session 17): the splits of
  * a query tile run their first CS stages and then take the tile's other
