@@ -115,7 +115,7 @@ constexpr int CU = HW ? NWARPS : 1;
  * pst, its work item by cp.async at pst + 1 (landed STAGES - 1 stages later,
  * where the rest is asked for), its page ids STAGES - 1 more, in time for the
  * row offsets, which reach the next unit at stage nst - STAGES */
-constexpr int PREP_STAGES = 3 * PA_STAGES - 1;
+constexpr int PREP_STAGES = PA_DECODE_PREP_STAGES(PA_STAGES);
 /* LATE: a stage's copies (of the stage STAGES - 1 ahead) go out after its
  * arithmetic, not before it. A block of four warps that runs on alone near
  * the end waits on each stage's chain of shared-memory loads, MMAs and

@@ -90,6 +90,10 @@ typedef struct pa_attn_params {
 #define PA_DECODE_CLAIM_STATIC(stages) (2 * (stages) + 2)
 #define PA_DECODE_CLAIM_RUN 2
 #define PA_DECODE_CLAIM_MAX_STAGES 4
+/* decode_mma's persistent blocks: a unit of this many stages or more loads
+ * the next one without waiting (the kernel's PREP_STAGES; the host's
+ * hw_persist_pays) */
+#define PA_DECODE_PREP_STAGES(stages) (3 * (stages) - 1)
 
 /* append.cu's 16-byte rotary rows: a token's `heads` rows of head dim D and
  * rotary dim rd (il: GPT-J pairs, else GPT-NeoX halves) are

@@ -57,12 +57,9 @@ if #variants == 0 then
         end
         variants[#variants + 1] = string.format(
           "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1 nw=4", page)
-        -- (and a warp a head tile in persistent blocks: the default at 16 keys a warp where it pays, 8 in the specs)
-        for _, kpw in ipairs({ 8, 16 }) do
-          variants[#variants + 1] = string.format(
-            "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=768 kpw=%d persist=1 minb=%d hw=1 nw=4",
-            page, kpw, kpw == 8 and 3 or 2)
-        end
+        -- (and in persistent blocks, where they pay: hw_persist_pays)
+        variants[#variants + 1] = string.format(
+          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=768 kpw=16 persist=1 minb=2 hw=1 nw=4", page)
       end
       for _, nw in ipairs({ 4, 8 }) do
         variants[#variants + 1] = string.format(

@@ -103,8 +103,8 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * item, page ids, the first stages' round trip) with its memory idle. It
  * pays (kernels/NOTES.md, session 35; page 16, same process, one block a
  * unit / persistent) at 16 keys a warp, on units averaging avg_keys of at
- * least the kernel's PREP_STAGES (3 x stages - 1) stages, which load the
- * next unit without waiting (512 x 96 keys 64.6 / 68.2 us, 512 x 112 72.2 /
+ * least PA_DECODE_PREP_STAGES (8 at 3 stages), which load the next unit
+ * without waiting (512 x 96 keys 64.6 / 68.2 us, 512 x 112 72.2 /
  * 75.9; 512 x 128 80.0 / 75.1, 512 x 192 109.4 / 106.2, 1024 x 256 265.0 /
  * 261.5, 2048 x 128 277.1 / 270.6), in `blocks` of at least two a block at
  * minb a SM (128 x 128 23.6 / 25.2, 200 x 128 37.0 / 38.9, 256 x 256 73.0 /
@@ -115,7 +115,7 @@ static void page_key(const pa_attn_problem *p, char *page, size_t n) {
  * 32 58.6 / 70.3). */
 static bool hw_persist_pays(int kpw, int stages, int minb, int split, int64_t avg_keys, int64_t blocks,
                             int sm_count) {
-    return kpw == 16 && split != 2 && avg_keys >= (int64_t)(3 * stages - 1) * kpw &&
+    return kpw == 16 && split != 2 && avg_keys >= (int64_t)PA_DECODE_PREP_STAGES(stages) * kpw &&
            blocks >= 2 * (int64_t)minb * sm_count;
 }
 
@@ -186,8 +186,8 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
          * (the rules below take persist_long). */
         const bool hw = mma && short_units && hw_keys > 0;
         const int hw_persist = env_int("PAGEDATTN_DECODE_HW_PERSIST", 1, 0, 2);
-        const bool hw_pays =
-            hw_persist_pays(kpw, stages, minb, split, hw_keys, nseq * p->kv_heads * (G / gt) / 4, impl->sm_count);
+        const int head_tiles = p->kv_heads * (G / gt);
+        const bool hw_pays = hw_persist_pays(kpw, stages, minb, split, hw_keys, nseq * head_tiles / 4, impl->sm_count);
         const bool persist = persist_long || (hw && persist_env && (hw_persist == 2 || (hw_persist == 1 && hw_pays)));
         kp->persistent = persist;
         kp->guided = env_int("PAGEDATTN_DECODE_GUIDED", 0, 0, 1) == 1;
@@ -228,7 +228,6 @@ static pa_status plan_kernel(pa_context *ctx, cuda_impl *impl, const pa_attn_pro
          * not fit (A100) or PAGEDATTN_DECODE_WIDE=0; 2 (specs): eight at any
          * length and count (the split case aside), and a call that cannot
          * have them fails. */
-        const int head_tiles = p->kv_heads * (G / gt);
         const int64_t units = nseq * head_tiles;
         int nw = 4, wide = 0;
         if (persist_long && !(split == 1 && units <= 2 * (int64_t)impl->sm_count)) {
@@ -798,6 +797,9 @@ static bool order_by_sequence(const pa_attn_problem *p, pa_work *items, int64_t 
     return ok;
 }
 
+/* The head tiles a decode block runs at once: four a warp-a-tile block, one a warp each */
+static int block_tiles(const kernel_plan *kp) { return kp->hw ? 4 : 1; }
+
 /* Whether the short units' kernel may give each of its four warps a head
  * tile of its own (decode_mma hw=1): all four on the same keys a stage (8
  * or 16: a stage's rows are four tiles' keys), each keeping its tile's softmax whole,
@@ -1059,7 +1061,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
                 /* the items whose units the blocks run first (at most 1024 of
                  * them where each block runs one: 64 KB of the plan) */
                 int64_t first_units = pt->nwork * pt->kp.head_tiles;
-                const int64_t first_cap = (int64_t)pt->kp.grid_cap * (pt->kp.hw ? 4 : 1); /* (hw: four a block) */
+                const int64_t first_cap = (int64_t)pt->kp.grid_cap * block_tiles(&pt->kp);
                 if (pt->kp.persistent && first_units > first_cap) first_units = first_cap;
                 pt->npaged = (first_units + pt->kp.head_tiles - 1) / pt->kp.head_tiles;
                 if (pt->npaged > 1024) pt->npaged = 1024;
@@ -1249,7 +1251,7 @@ static pa_status run(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p,
             maps.first_boxes = plan + boxes_off + sizeof(int32_t) * PA_WS_BOXES * (size_t)parts[i].boxes0;
         if (st) break;
         void *args[] = {&ap, &maps}; /* the second: prefill_ws only (a kernel of one parameter reads one) */
-        int64_t blocks = parts[i].nwork * kp->head_tiles / (kp->hw ? 4 : 1); /* (hw: four head tiles a block) */
+        int64_t blocks = parts[i].nwork * kp->head_tiles / block_tiles(kp);
         if (kp->persistent && blocks > kp->grid_cap) blocks = kp->grid_cap; /* each takes units until none are left */
         /* the short sequences of a split decode call (split_short) start
          * while the long ones' blocks end: launched programmatically after
