@@ -94,8 +94,9 @@ __device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int
             }
         }
         const i64 out0 = ((w.q_start + qi) * H + h) * (i64)D + d;
+        const float inv = l > 0.f ? 1.f / l : 0.f; /* one reciprocal, not V divisions */
 #pragma unroll
-        for (int i = 0; i < V; i++) pa_elem<DT>::store((void *)p.out, out0 + i, l > 0.f ? acc[i] / l : 0.f);
+        for (int i = 0; i < V; i++) pa_elem<DT>::store((void *)p.out, out0 + i, acc[i] * inv);
         if (d == 0 && p.lse) pa_store_lse(p, w, h, qi, l > 0.f ? m + pa_log2(l) : -PA_INF);
     }
 }

@@ -714,9 +714,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const bool none = m0 == -PA_INF;
                 const i64 dst = ((w.q_start + qi) * p.heads + h) * (i64)D + 2 * t4;
                 const bool vec = (p.out & 3) == 0;
+                /* one reciprocal a row, not D / 4 divisions a lane: each
+                 * IEEE division is a slow-path call site, which cost 1024 x
+                 * 64 keys ~7 us of its 92 one block a unit, ~11 persistent
+                 * (kernels/NOTES.md, session 36); a fully masked row stays
+                 * zeros whatever its masked V rows held (0 * inf) */
+                const float inv = none ? 0.f : 1.f / l0;
 #pragma unroll
                 for (int n = 0; n < D / 8; n++) {
-                    const float a = none ? 0.f : o[n][0] / l0, b = none ? 0.f : o[n][1] / l0;
+                    const float a = none ? 0.f : o[n][0] * inv, b = none ? 0.f : o[n][1] * inv;
                     if (vec) {
                         *(u32 *)((u16 *)p.out + dst + n * 8) = pack2(a, b);
                     } else {
@@ -796,8 +802,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                     for (int v = 0; v < V; v++) acc[v] += x[v] * wt;
                 }
+                const float inv = 1.f / l; /* l >= 1: the row's top key weighs 1 */
 #pragma unroll
-                for (int v = 0; v < V; v++) acc[v] /= l;
+                for (int v = 0; v < V; v++) acc[v] *= inv;
             }
             const float lse2 = mx == -PA_INF ? -PA_INF : mx + pa_log2(l);
             if (w.nsplit == 1) {
