@@ -719,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                  * 64 keys ~7 us of its 92 one block a unit, ~11 persistent
                  * (kernels/NOTES.md, session 36); a fully masked row stays
                  * zeros whatever its masked V rows held (0 * inf) */
-                const float inv = none ? 0.f : 1.f / l0;
+                const float inv = 1.f / l0; /* (inf where none: unused) */
 #pragma unroll
                 for (int n = 0; n < D / 8; n++) {
                     const float a = none ? 0.f : o[n][0] * inv, b = none ? 0.f : o[n][1] * inv;
