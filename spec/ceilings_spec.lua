@@ -1,0 +1,41 @@
+-- pagedattn.ceilings: measured once, then read back from disk.
+local pa = require "pagedattn"
+local ceilings = require "pagedattn.ceilings"
+
+describe("ceilings cache", function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  local dev = pa.device("cpu")
+  teardown(function() os.execute("rm -rf '" .. dir .. "'") end)
+
+  it("measures once, then answers from disk", function()
+    local a = assert(ceilings.get(dev, { seconds = 0.05, dir = dir }))
+    assert.is_false(a.cached)
+    assert.is_true(a.read_gbps > 0 and a.fma_gflops > 0)
+    local b = assert(ceilings.get(dev, { seconds = 0.05, dir = dir }))
+    assert.is_true(b.cached)
+    assert.are.equal(a.read_gbps, b.read_gbps)
+    assert.are.equal(a.fma_gflops, b.fma_gflops)
+  end)
+
+  it("measures again when asked, when stale, when shorter than asked, or when the file is bad", function()
+    local a = assert(ceilings.get(dev, { seconds = 0.05, dir = dir }))
+    assert.is_false(assert(ceilings.get(dev, { seconds = 0.05, dir = dir, refresh = true })).cached)
+    assert.is_false(assert(ceilings.get(dev, { seconds = 0.05, dir = dir, max_age = -1 })).cached)
+    assert.is_false(assert(ceilings.get(dev, { seconds = 0.1, dir = dir })).cached)
+    assert.is_true(assert(ceilings.get(dev, { seconds = 0.05, dir = dir })).cached)
+    local p = io.popen("ls '" .. dir .. "'")
+    local name = p:read("*l")
+    p:close()
+    local f = assert(io.open(dir .. "/" .. name, "w"))
+    f:write("return { read_gbps = 'x' }")
+    f:close()
+    assert.is_false(assert(ceilings.get(dev, { seconds = 0.05, dir = dir })).cached)
+    assert.is_true(a.read_gbps > 0)
+  end)
+
+  it("stores nothing with dir = 'off'", function()
+    assert.is_false(assert(ceilings.get(dev, { seconds = 0.05, dir = "off" })).cached)
+    assert.is_false(assert(ceilings.get(dev, { seconds = 0.05, dir = "off" })).cached)
+  end)
+end)
