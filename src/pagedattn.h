@@ -12,6 +12,11 @@
  *   - Handles are opaque. Each create/open has a destroy/release that accepts NULL.
  *   - Indices, positions and page ids are 0-based; element offsets are 64-bit.
  *   - Long argument lists travel as a params struct passed by pointer.
+ *   - Threads: one pa_context per thread. Devices may be shared, and so may
+ *     tensors that every thread only reads (an attention call writes only
+ *     out, softmax_lse, and the caches when it appends); a tensor written by
+ *     one thread must not be used by another at the same time; a pool, its
+ *     sequences and batches belong to one thread at a time.
  *
  * The block between PA_API_BEGIN and PA_API_END is read verbatim by the Lua
  * bindings (ffi.cdef): keep it free of preprocessor lines and macros.
