@@ -255,7 +255,7 @@ static void apply(cuda_impl *impl, const config *c) {
     for (int j = 0; j < 8 && c->s[j].env; j++) setenv(c->s[j].env, c->s[j].value, 1);
 #else
     pa_cuda_tuning *t = &impl->tuning;
-    pa_cuda_tuning_defaults(t);
+    pa_cuda_tuning_set_defaults(t);
     static const struct { const char *env; size_t off; } map[] = {
 #define F(env, field) {"PAGEDATTN_" env, offsetof(pa_cuda_tuning, field)}
         F("DECODE_KPW", decode_kpw), F("DECODE_STAGES", decode_stages), F("DECODE_PERSIST", decode_persist),

@@ -28,7 +28,11 @@
  * the work, with the tuning at its defaults and with fields set: the checks
  * that specs once made by turning a missed heuristic into an error of the
  * library (claims, a warp a head tile, eight-warp blocks, short and long
- * sequences as two launches), now here (choice_checks below).
+ * sequences as two launches), now here (choice_checks below); and on random
+ * calls, that every kernel a plan launches is one pa_cuda_plan_variants lists
+ * for its shape (what scripts/precompile.lua compiles ahead).
+ * 3. checks the variant table's catalog: each name parses and names back the
+ * same, none twice, every kind; and the partial rules the planner asks.
  * Usage: planner_check SEED PROBLEMS. Prints "N problems, M items: ok", or
  * the first violation (and exits 1).
  */
@@ -191,15 +195,17 @@ static void list_one(void *user, const char *name) {
     if (l->n < 64) snprintf(l->names[l->n++], sizeof l->names[0], "%s", name);
 }
 static void expect_listed(const call *c, const pa_cuda_caps *caps, const pa_cuda_plan *plan) {
-    pa_kernel_shape shape = {c->p.dtype, c->p.head_dim, c->p.heads, c->p.kv_heads, c->p.paged ? c->p.page_size : 0,
-                             0, 0, 0};
-    for (int32_t b = 0; b < c->p.batch; b++)
-        if (c->sq[b] > shape.max_seqlen_q) shape.max_seqlen_q = c->sq[b];
     pa_cuda_tuning t;
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     listed *l = calloc(1, sizeof *l);
-    EXPECT(pa_cuda_plan_variants(NULL, &shape, &t, caps, list_one, l) == PA_OK, "variants");
     for (int i = 0; i < plan->nparts; i++) {
+        /* (a decode part's query tile is its sequences' longest, rounded up: the same kernel) */
+        const pa_kernel_shape shape = {c->p.dtype, c->p.head_dim, c->p.heads, c->p.kv_heads,
+                                       c->p.paged ? c->p.page_size : 0,
+                                       plan->parts[i].kind == PA_PART_DECODE ? plan->parts[i].kp.q_tile : 9,
+                                       c->p.softcap > 0.f || c->p.alibi || !(c->p.scale > 0.f), c->p.rotary_cos != NULL};
+        l->n = 0;
+        EXPECT(pa_cuda_plan_variants(NULL, &shape, &t, caps, list_one, l) == PA_OK, "variants");
         bool found = false;
         for (int j = 0; j < l->n; j++) found = found || strcmp(l->names[j], plan->parts[i].kp.variant) == 0;
         EXPECT(found, "%s is not among the %d variants listed for its shape", plan->parts[i].kp.variant, l->n);
@@ -212,7 +218,7 @@ static void expect_listed(const call *c, const pa_cuda_caps *caps, const pa_cuda
 static void plan_of(const char *name, call *c, const pa_cuda_caps *caps, const pa_cuda_tuning *t, pa_cuda_plan *plan) {
     check_name = name;
     pa_cuda_tuning d;
-    pa_cuda_tuning_defaults(&d);
+    pa_cuda_tuning_set_defaults(&d);
     pa_context *ctx = NULL;
     EXPECT(pa_context_create(&ctx) == PA_OK, "context");
     const pa_status st = pa_cuda_plan_make(ctx, &c->p, caps, t ? t : &d, &fake, plan);
@@ -235,6 +241,47 @@ static void uniform(call *c, int B, int32_t q, int32_t k, pa_dtype dt, int D, in
     free(ks);
 }
 
+/* ---- 3. the variant table's catalog ---- */
+
+static void catalog_checks(void) {
+    check_name = "catalog";
+    pa_context *ctx = NULL;
+    EXPECT(pa_context_create(&ctx) == PA_OK, "context");
+    const int n = pa_cuda_kernel_catalog_size();
+    int per_kind[PA_VK_COUNT] = {0};
+    EXPECT(n >= 70 && n <= 160, "%d variants", n);
+    for (int i = 0; i < n; i++) {
+        const char *name = pa_cuda_kernel_catalog_name(i);
+        pa_variant v;
+        EXPECT(pa_variant_parse(ctx, name, &v) == PA_OK, "%s: %s", name, pa_context_error(ctx));
+        char again[192];
+        EXPECT(pa_variant_name(&v, again, sizeof again) && strcmp(again, name) == 0, "%s names back as %s", name, again);
+        for (int j = 0; j < i; j++) EXPECT(strcmp(pa_cuda_kernel_catalog_name(j), name) != 0, "%s twice", name);
+        per_kind[v.kind]++;
+    }
+    for (int k = 0; k < PA_VK_COUNT; k++) EXPECT(per_kind[k] > 0, "no %s variant", pa_variant_kind_name((pa_vkind)k));
+    EXPECT(pa_cuda_kernel_catalog_name(n) == NULL && pa_cuda_kernel_catalog_name(-1) == NULL, "out of range");
+    /* the rules, partially set: what the planner asks */
+    pa_variant v = pa_variant_of(PA_VK_DECODE_MMA);
+    pa_variant_set(pa_variant_set(&v, PA_KEY_D, 96), PA_KEY_KPW, 16);
+    EXPECT(!pa_variant_allows(&v), "kpw 16 at head dim 96");
+    pa_variant_set(&v, PA_KEY_D, 256); /* (the tensor-core rule reads dtype too: not set, not asked) */
+    EXPECT(pa_variant_allows(&v), "kpw 16 at head dim 256, dtype unset");
+    pa_variant w = pa_variant_of(PA_VK_PREFILL_WS);
+    pa_variant_set(&w, PA_KEY_D, 128);
+    EXPECT(pa_variant_clamp(&w, PA_KEY_STAGES, 8) == 3 && pa_variant_clamp(&w, PA_KEY_STAGES, 2) == 2, "ws stages");
+    pa_variant_set(&w, PA_KEY_D, 64);
+    EXPECT(pa_variant_clamp(&w, PA_KEY_STAGES, 8) == 4, "ws stages at 64");
+    w = pa_variant_of(PA_VK_PREFILL_WGMMA);
+    EXPECT(pa_variant_clamp(&w, PA_KEY_STAGES, 2) == 3, "wgmma stages");
+    EXPECT(pa_variant_key_max(PA_VK_DECODE, PA_KEY_NQ) == 8 && pa_variant_key_max(PA_VK_PREFILL, PA_KEY_GT) == 16,
+           "maxima");
+    EXPECT(pa_variant_page_key(false, 7) == PA_PAGE_CONTIG && pa_variant_page_key(true, 48) == PA_PAGE_ANY &&
+               pa_variant_page_key(true, 64) == 64 && pa_variant_page_key(true, 1 << 21) == PA_PAGE_ANY,
+           "page keys");
+    pa_context_destroy(ctx);
+}
+
 static void choice_checks(void) {
     call c;
     pa_cuda_plan plan;
@@ -249,7 +296,7 @@ static void choice_checks(void) {
                has(&plan.parts[0], "nw=8") && plan.parts[0].blocks <= plan.parts[0].kp.capacity,
            "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_wide = 0;
     plan_of("decode 64 x 4096, decode_wide 0", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=4"), "%s", plan.parts[0].kp.variant);
@@ -268,7 +315,7 @@ static void choice_checks(void) {
     plan_of("decode 64 x 512", &c, &H100, NULL, &plan);
     EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=4"), "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_wide = 2;
     plan_of("decode 64 x 512, decode_wide 2", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=8"), "%s", plan.parts[0].kp.variant);
@@ -285,7 +332,7 @@ static void choice_checks(void) {
     EXPECT(plan.parts[0].ncounters == 2 * 8 * 8 && plan.ncounters == plan.parts[0].ncounters,
            "%lld counters", (long long)plan.parts[0].ncounters);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_persist = 0;
     t.split_chunk = 1024;
     t.decode_claim_min = 0;
@@ -297,7 +344,7 @@ static void choice_checks(void) {
     plan_of("decode 8 x 32768, decode_claim 0", &c, &H100, &t, &plan);
     EXPECT(!plan.parts[0].rule.claims && plan.parts[0].part_rows > 0, "claims %d", plan.parts[0].rule.claims);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_claim_min = 16384;
     plan_of("decode 8 x 32768, claim_min 16384", &c, &H100, &t, &plan);
     EXPECT(!plan.parts[0].rule.claims, "claims %d", plan.parts[0].rule.claims);
@@ -329,7 +376,7 @@ static void choice_checks(void) {
     plan_of("decode 64 x 4096 + 512 x 64 on an A100", &c, &A100, NULL, &plan);
     EXPECT(plan.nparts == 2 && !plan.parts[1].overlap, "%d parts", plan.nparts);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_split_short = 0;
     plan_of("decode 64 x 4096 + 512 x 64, decode_split_short 0", &c, &H100, &t, &plan);
     EXPECT(plan.nparts == 1, "%d parts", plan.nparts);
@@ -356,12 +403,12 @@ static void choice_checks(void) {
                has(&plan.parts[0], "persist=0") && plan.parts[0].blocks * 4 == plan.parts[0].nwork * 8,
            "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_hw = 0;
     plan_of("decode 240 x 256-511, decode_hw 0", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "hw=0") && has(&plan.parts[0], "persist=1"), "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_hw_persist = 2;
     plan_of("decode 240 x 256-511, decode_hw_persist 2", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "hw=1") && has(&plan.parts[0], "persist=1") && plan.parts[0].kp.persistent,
@@ -373,7 +420,7 @@ static void choice_checks(void) {
     plan_of("decode 20 x 300", &c, &H100, NULL, &plan);
     EXPECT(has(&plan.parts[0], "hw=0") && has(&plan.parts[0], "persist=0"), "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_hw = 2;
     plan_of("decode 20 x 300, decode_hw 2", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "hw=1"), "%s", plan.parts[0].kp.variant);
@@ -389,13 +436,13 @@ static void choice_checks(void) {
     pa_cuda_plan_free(&plan);
     call_free(&c);
     uniform(&c, 4, 2, 1000, PA_BF16, 96, 0, false);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_kernel = 1;
     plan_of("decode D 96, decode_kernel simt", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "decode dtype=bf16 D=96 nq=2 gt=4 page=contig stages=4 maxp=1024"), "%s",
            plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.fallback = 1;
     plan_of("decode, fallback 1", &c, &H100, &t, &plan);
     EXPECT(plan.nparts == 1 && plan.parts[0].kind == PA_PART_FALLBACK && has(&plan.parts[0], "fallback dtype=bf16"),
@@ -413,7 +460,7 @@ static void choice_checks(void) {
                plan.parts[0].part_rows == 0,
            "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.prefill_page_boxes = 0;
     t.prefill_first_boxes = 0;
     plan_of("prefill 4 x 2048, page boxes 0", &c, &H100, &t, &plan);
@@ -429,7 +476,7 @@ static void choice_checks(void) {
     EXPECT(has(&plan.parts[0], "prefill_ws") && has(&plan.parts[0], "tma=0") && plan.parts[0].kp.tma_rows == 0, "%s",
            plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.prefill_kernel = 3;
     t.prefill_stages = 8;
     plan_of("prefill 4 x 2048, kernel mma, stages 8", &c, &H100, &t, &plan);
@@ -461,7 +508,7 @@ static void choice_checks(void) {
     plan_of("prefill of two query tiles", &c, &H100, NULL, &plan);
     EXPECT(has(&plan.parts[0], "prefill_wgmma") && plan.parts[0].part_rows > 0, "%s", plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.prefill_kernel = 1;
     plan_of("prefill of two query tiles, kernel ws", &c, &H100, &t, &plan);
     EXPECT(has(&plan.parts[0], "prefill_ws") && plan.parts[0].part_rows == 0, "%s", plan.parts[0].kp.variant);
@@ -485,24 +532,47 @@ static void choice_checks(void) {
     pa_cuda_plan_free(&plan);
     call_free(&c);
 
+    /* random calls: every kernel a default plan launches is listed for its
+     * shape (pa_cuda_plan_variants, what scripts/precompile.lua compiles) */
+    static const int dims[] = {128, 64, 256, 96, 80, 40, 32, 16, 8};
+    static const int pages[] = {16, 1, 3, 8, 32, 256, 0};
+    static const int lens[] = {1, 33, 64, 100, 256, 300, 511, 1024, 4096, 32768};
+    for (int i = 0; i < 400; i++) {
+        const int B = (int)ri(1, rnd() % 4 ? 64 : 700), G = (int)(1u << ri(0, 3)), Hk = (int)ri(1, 8);
+        int32_t *q = malloc(4 * (size_t)B), *k = malloc(4 * (size_t)B);
+        const int32_t qa = (int32_t)(rnd() % 3 ? ri(1, 8) : ri(9, 700)), ka = lens[rnd() % 10], kb = lens[rnd() % 10];
+        for (int b = 0; b < B; b++) {
+            q[b] = rnd() % 4 ? qa : (int32_t)ri(1, 12);
+            k[b] = rnd() % 3 ? ka : kb;
+        }
+        call_make(&c, B, q, k, (pa_dtype)(rnd() % 3), G * Hk, Hk, dims[rnd() % 9], pages[rnd() % 7], rnd() & 1);
+        char label[64];
+        snprintf(label, sizeof label, "random call %d", i);
+        plan_of(label, &c, rnd() % 3 ? &H100 : &A100, NULL, &plan);
+        pa_cuda_plan_free(&plan);
+        call_free(&c);
+        free(q);
+        free(k);
+    }
+
     /* the tuning's check names the field */
     check_name = "tuning check";
     pa_context *ctx = NULL;
     EXPECT(pa_context_create(&ctx) == PA_OK, "context");
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_OK, "defaults: %s", pa_context_error(ctx));
     t.decode_kpw = 12;
     EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "decode_kpw: 12"),
            "%s", pa_context_error(ctx));
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.decode_stages = 1;
     EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "decode_stages: 1"),
            "%s", pa_context_error(ctx));
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     t.split_waves = 0;
     EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "split_waves: 0"),
            "%s", pa_context_error(ctx));
-    pa_cuda_tuning_defaults(&t);
+    pa_cuda_tuning_set_defaults(&t);
     memset(t.kernel_dir, 'x', sizeof t.kernel_dir);
     EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "kernel_dir: longer"),
            "%s", pa_context_error(ctx));
@@ -557,7 +627,7 @@ int main(int argc, char **argv) {
         kp.no_split = rnd() % 6 == 0;
         kp.persistent = rnd() & 1;
         pa_cuda_tuning tu;
-        pa_cuda_tuning_defaults(&tu);
+        pa_cuda_tuning_set_defaults(&tu);
         const int32_t chunk = (int32_t)ri(1, 5000);
         if (rnd() % 8 == 0) tu.split_chunk = chunk;
         if (rnd() % 8 == 0) tu.decode_claim_min = 100;
@@ -675,6 +745,7 @@ int main(int argc, char **argv) {
               hwp[i].kpw, hwp[i].split, hwp[i].seqs, hwp[i].keys, pays, hwp[i].pays);
     }
     choice_checks();
+    catalog_checks();
     printf("%d problems, %lld items: ok\n", problems, items_total);
     return 0;
 }

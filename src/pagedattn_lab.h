@@ -144,6 +144,9 @@ typedef struct pa_tuning_field {
 } pa_tuning_field;
 int pa_cuda_tuning_field_count(void);
 const pa_tuning_field *pa_cuda_tuning_field(int index); /* NULL when out of range */
+/* The defaults (kernel_dir and nvrtc_options empty: a device opens with the
+ * environment's). */
+void pa_cuda_tuning_defaults(pa_cuda_tuning *out);
 
 /* The device's tuning now, or the one it opened with (defaults != 0). */
 pa_status pa_device_get_tuning(pa_context *ctx, pa_device *dev, pa_cuda_tuning *out, int defaults);
@@ -159,13 +162,14 @@ typedef struct pa_kernel_shape {
     int32_t dtype;          /* pa_dtype of q and the caches */
     int32_t head_dim, heads, kv_heads;
     int32_t page_size;      /* 0: contiguous caches */
-    int32_t max_seqlen_q;   /* queries a sequence at most (<= 8: decode) */
+    int32_t seqlen_q;       /* queries of each sequence: up to 8 a decode kernel's, more a prefill kernel's */
     int32_t natural;        /* 1: softcap, alibi or no softmax scale */
     int32_t rotary;         /* 1: q rotated in the call */
 } pa_kernel_shape;
-/* The kernel variants the CUDA planner may choose for a shape on arch ("sm_90a",
- * "sm_80", ...; NULL or "": CUDA device 0's) under tuning (NULL: the
- * defaults), whatever the batch: written to out one a line, *count of them. */
+/* The kernel variants the CUDA planner may choose for sequences of a shape on
+ * arch ("sm_90a", "sm_80", ...; NULL or "": CUDA device 0's) under tuning
+ * (NULL: the defaults), whatever their number and keys: written to out one a
+ * line, *count of them. (What scripts/precompile.lua compiles ahead.) */
 pa_status pa_kernel_variants_for(pa_context *ctx, const pa_kernel_shape *shape, const pa_cuda_tuning *tuning,
                                  const char *arch, char *out, size_t out_len, int *count);
 

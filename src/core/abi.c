@@ -75,7 +75,7 @@ static const abi_entry entries[] = {
     FIELD(pa_kernel_shape, heads),
     FIELD(pa_kernel_shape, kv_heads),
     FIELD(pa_kernel_shape, page_size),
-    FIELD(pa_kernel_shape, max_seqlen_q),
+    FIELD(pa_kernel_shape, seqlen_q),
     FIELD(pa_kernel_shape, natural),
     FIELD(pa_kernel_shape, rotary),
     SIZE(pa_attention_params),

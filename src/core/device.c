@@ -182,6 +182,13 @@ typedef const pa_tuning_field *(*field_fn)(int);
 typedef pa_status (*variants_fn)(pa_context *, const pa_kernel_shape *, const pa_cuda_tuning *, const char *, char *,
                                  size_t, int *);
 
+typedef void (*defaults_fn)(pa_cuda_tuning *);
+void pa_cuda_tuning_defaults(pa_cuda_tuning *out) {
+    defaults_fn f = (defaults_fn)pa_backend_proc("tuning_defaults");
+    if (f) f(out);
+    else memset(out, 0, sizeof *out);
+}
+
 int pa_cuda_tuning_field_count(void) {
     field_count_fn f = (field_count_fn)pa_backend_proc("tuning_field_count");
     return f ? f() : 0;

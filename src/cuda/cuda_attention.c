@@ -58,7 +58,8 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     pa_status st = PA_OK;
     if (p->total_new > 0 || (p->rotary_cos && p->total_q > 0)) {
         char variant[64];
-        snprintf(variant, sizeof variant, "append dtype=%s", p->dtype == PA_F32 ? "f32" : p->dtype == PA_F16 ? "f16" : "bf16");
+        pa_variant v = pa_variant_of(PA_VK_APPEND);
+        pa_variant_name(pa_variant_set(&v, PA_KEY_DTYPE, p->dtype), variant, sizeof variant);
         st = pa_cuda_module(ctx, impl, variant, &append_mod);
         if (st) return st;
     }

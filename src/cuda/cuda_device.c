@@ -223,7 +223,7 @@ static pa_status cuda_last_plan(pa_context *ctx, pa_device *dev, char *out, size
  * kernel directory and NVRTC options. */
 static pa_status open_tuning(pa_context *ctx, cuda_impl *impl) {
     pa_cuda_tuning *t = &impl->tuning_open;
-    pa_cuda_tuning_defaults(t);
+    pa_cuda_tuning_set_defaults(t);
     const char *dir = getenv("PAGEDATTN_KERNEL_DIR"), *opts = getenv("PAGEDATTN_NVRTC_OPTIONS");
     if (dir && strlen(dir) >= sizeof t->kernel_dir)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "PAGEDATTN_KERNEL_DIR: longer than %d characters",
@@ -371,7 +371,7 @@ static pa_status cuda_variants_for(pa_context *ctx, const pa_kernel_shape *shape
         if (st) return st;
         t = *tuning;
     } else {
-        pa_cuda_tuning_defaults(&t);
+        pa_cuda_tuning_set_defaults(&t);
     }
     char dev_arch[32];
     if (!arch || !*arch) {
@@ -401,6 +401,7 @@ static void *cuda_proc(const char *name) {
     if (strcmp(name, "kernel_variants_for") == 0) return (void *)cuda_variants_for;
     if (strcmp(name, "tuning_field_count") == 0) return (void *)pa_cuda_tuning_field_count_impl;
     if (strcmp(name, "tuning_field") == 0) return (void *)pa_cuda_tuning_field_impl;
+    if (strcmp(name, "tuning_defaults") == 0) return (void *)pa_cuda_tuning_set_defaults;
     return NULL;
 }
 

@@ -118,7 +118,7 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         /* a warp a head tile in persistent blocks too, where that pays */
         const bool hw = mma && s->short_units && s->hw_keys > 0;
         const int head_tiles = p->kv_heads * (G / gt);
-        const bool hw_pays = s->pays >= 0 ? s->pays == 1
+        const bool hw_pays = s->pays >= 0 ? kpw == 16 && s->pays == 1
                                           : pa_hw_persist_pays(kpw, stages, minb, s->split, s->hw_keys,
                                                                s->nseq * head_tiles / 4, caps->sm_count);
         const bool persist =
@@ -605,10 +605,10 @@ pa_status pa_cuda_plan_variants(pa_context *ctx, const pa_kernel_shape *shape, c
         return pa_fail(ctx, PA_ERR_ARGUMENT, "shape: dtype %d is not f32, f16 or bf16", shape->dtype);
     if (shape->head_dim < 1 || shape->head_dim > PA_MAX_HEAD_DIM || shape->kv_heads < 1 ||
         shape->heads < shape->kv_heads || shape->heads % shape->kv_heads != 0 || shape->page_size < 0 ||
-        shape->max_seqlen_q < 1)
+        shape->seqlen_q < 1)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "shape: head_dim %d, heads %d / kv_heads %d, page_size %d, "
-                       "max_seqlen_q %d: not a shape of attention", shape->head_dim, shape->heads, shape->kv_heads,
-                       shape->page_size, shape->max_seqlen_q);
+                       "seqlen_q %d: not a shape of attention", shape->head_dim, shape->heads, shape->kv_heads,
+                       shape->page_size, shape->seqlen_q);
     pa_attn_problem p;
     memset(&p, 0, sizeof p);
     p.dtype = (pa_dtype)shape->dtype;
@@ -632,26 +632,26 @@ pa_status pa_cuda_plan_variants(pa_context *ctx, const pa_kernel_shape *shape, c
     situation s;
     memset(&s, 0, sizeof s);
     s.tma_fits = true;
-    /* decode: every query count up to the decode kernels' and the
-     * situations plan_part asks for: (allow_ws, short units, hw keys) */
+    /* decode: the situations plan_part asks for (allow_ws, short units, hw
+     * keys), the persistence of warp-a-tile blocks and eight warps either way */
     static const struct { bool allow_ws, short_units; int64_t hw_keys; } asks[] = {
         {true, false, 0}, {false, false, 0}, {false, true, 0}, {true, true, 0}, {false, true, 1}, {false, true, 96},
     };
-    for (int32_t q = 1; rules.decode && q <= shape->max_seqlen_q && q <= max_nq; q++)
-        for (size_t a = 0; a < sizeof asks / sizeof asks[0]; a++)
+    const bool decode = rules.decode && shape->seqlen_q <= max_nq;
+    for (size_t a = 0; decode && a < sizeof asks / sizeof asks[0]; a++)
             for (int pays = 0; pays < 2; pays++)
                 for (int wide = 0; wide < 2; wide++) {
                     s.kind = PA_PART_DECODE;
-                    s.max_q = q;
+                    s.max_q = shape->seqlen_q;
                     s.allow_ws = asks[a].allow_ws;
                     s.short_units = asks[a].short_units;
                     s.hw_keys = asks[a].hw_keys;
                     s.pays = pays;
                     s.wide = wide;
                     choose(&p, caps, t, &s, &v, &kp);
-                    offer(c, &v);
+                    if (!kp.hw || hw_fits(&p, &kp)) offer(c, &v);
                 }
-    const bool longer = shape->max_seqlen_q > max_nq || !rules.decode;
+    const bool longer = !decode;
     for (int allow = 0; longer && rules.prefill && allow < 2; allow++)
         for (int fits = 0; fits < 2; fits++) {
             s.kind = PA_PART_PREFILL;

@@ -100,7 +100,7 @@ const pa_tuning_field *pa_cuda_tuning_field_impl(int index) {
     return index >= 0 && index < NFIELDS ? &fields[index].pub : NULL;
 }
 
-void pa_cuda_tuning_defaults(pa_cuda_tuning *out) {
+void pa_cuda_tuning_set_defaults(pa_cuda_tuning *out) {
     memset(out, 0, sizeof *out);
     for (int i = 0; i < NFIELDS; i++)
         if (!fields[i].pub.is_text) memcpy((char *)out + fields[i].offset, &fields[i].dflt, sizeof(int32_t));

@@ -10,7 +10,7 @@
 #include "../core/internal.h"
 
 /* The defaults (kernel_dir and nvrtc_options empty). */
-void pa_cuda_tuning_defaults(pa_cuda_tuning *out);
+void pa_cuda_tuning_set_defaults(pa_cuda_tuning *out);
 /* PA_OK, or PA_ERR_ARGUMENT naming the first field out of its range. */
 pa_status pa_cuda_tuning_check(pa_context *ctx, const pa_cuda_tuning *t);
 /* The words of an NVRTC options text (at most PA_NVRTC_EXTRA of them, else
