@@ -45,25 +45,28 @@ int64_t pa_abi_offsetof(const char *type_name, const char *field_name);
 
 /* ---- CUDA kernels: run-time compilation (works without a GPU) ----
  * The CUDA kernels are CUDA C sources embedded in the library (kernels/ of
- * the source tree; $PAGEDATTN_KERNEL_DIR may name a directory to read them
- * from instead), compiled by NVRTC at first use with their shape constants
- * baked in, and cached in memory and on disk: $PAGEDATTN_KERNEL_CACHE, else
- * $XDG_CACHE_HOME/pagedattn, else ~/.cache/pagedattn ("off": no disk cache).
- * A variant is named by a string such as
- * "decode dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024"; the catalog
- * is a list of variants that covers every kernel and code path. */
+ * the source tree; $PAGEDATTN_KERNEL_DIR, or a device's tuning field
+ * kernel_dir, may name a directory to read them from instead), compiled by
+ * NVRTC at first use with their shape constants baked in, and cached in
+ * memory and on disk: $PAGEDATTN_KERNEL_CACHE, else $XDG_CACHE_HOME/pagedattn,
+ * else ~/.cache/pagedattn ("off": no disk cache). A variant is named by a
+ * string such as "decode dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024";
+ * the catalog, derived from the table of variants, covers every kernel and
+ * code path. */
 int pa_kernel_catalog_size(void);
 const char *pa_kernel_catalog_name(int index); /* NULL when out of range */
 /* Compiles a variant for arch ("sm_80", "sm_90a", ...; NULL or "": that of
- * CUDA device 0) through NVRTC. With use_disk_cache, a valid cached image is
- * taken and a new one stored; *was_cached (may be NULL) says which happened. */
+ * CUDA device 0) through NVRTC, with the sources and options of the
+ * environment ($PAGEDATTN_KERNEL_DIR, $PAGEDATTN_NVRTC_OPTIONS, read at each
+ * call). With use_disk_cache, a valid cached image is taken and a new one
+ * stored; *was_cached (may be NULL) says which happened. */
 pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *arch,
                             int use_disk_cache, int *was_cached);
 
 /* ---- device-side timing (CUDA devices) ----
  * While on, each attention call records device events around its kernels,
- * and first holds the stream with a short bounded wait on the device
- * (50 us) so that the host has queued the call's
+ * and first holds the stream with a short bounded wait on the device (the
+ * tuning's timing_hold_us, 50 us) so that the host has queued the call's
  * kernels before they run: the time measured is the kernels' own, without
  * the host's part of the call (validation, downloads, launches). For
  * benchmarks. */

@@ -30,7 +30,7 @@ flags=(-std=gnu11 -O1 -g -Wall -Wno-unused-parameter -Wno-unused-function -pthre
 cc "${flags[@]}" -DEQUIV_OLD -I"$tmp/old/src" -I"$root/spec" -o "$tmp/plan_old" spec/plan_equiv.c \
   "$tmp/old/src/cuda/cuda_attention.c" -lm
 cc "${flags[@]}" -I"$root/src" -I"$root/spec" -o "$tmp/plan_new" spec/plan_equiv.c \
-  src/cuda/cuda_attention.c src/cuda/cuda_planner.c src/cuda/cuda_worklist.c src/cuda/cuda_launch.c \
+  src/cuda/cuda_attention.c src/cuda/cuda_choice.c src/cuda/cuda_planner.c src/cuda/cuda_worklist.c src/cuda/cuda_launch.c \
   src/cuda/cuda_variants.c src/cuda/cuda_tuning.c -lm
 export ASAN_OPTIONS=detect_leaks=0
 echo "plan_equiv: $(git rev-parse --short "$rev") against this tree, $calls calls, seed $seed"

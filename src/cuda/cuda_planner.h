@@ -7,7 +7,8 @@
  * asks of the caller through pa_cuda_kernels (the backend loads the module;
  * spec/planner_check.c answers from a table). Every allocation is reported.
  *
- *   cuda_planner.c   kernel choice, the parts of a call, the plan's layout
+ *   cuda_choice.c    kernel choice: the family, the variant, its launch facts
+ *   cuda_planner.c   the parts of a call, the plan's layout
  *   cuda_worklist.c  query tiles cut into work items, their order, the lists
  *                    written beside them
  */
@@ -138,6 +139,41 @@ void pa_cuda_plan_free(pa_cuda_plan *plan);
 pa_status pa_cuda_plan_variants(pa_context *ctx, const pa_kernel_shape *shape, const pa_cuda_tuning *t,
                                 const pa_cuda_caps *caps, void (*emit)(void *user, const char *name), void *user);
 
+/* ---- cuda_choice.c: kernel choice (the planner's own files share it) ---- */
+
+/* Which kernel family a sequence runs on: what the problem allows, decided
+ * once a call, and the family of a sequence of seqlen_q queries. */
+typedef struct pa_kind_rules {
+    bool decode, prefill;
+    int32_t decode_max_q; /* the decode kernels' queries a tile at most */
+} pa_kind_rules;
+pa_kind_rules pa_plan_kind_rules(const pa_attn_problem *p, const pa_cuda_tuning *t);
+pa_part_kind pa_plan_kind_of(pa_kind_rules k, int32_t seqlen_q);
+
+/* The situation a kernel is chosen for. allow_ws: the warp-specialised
+ * prefill or the persistent decode blocks may be chosen (the query tiles fill
+ * the GPU). short_units (decode, one block a unit): the units are short, so
+ * the blocks a SM count more than the stages a block; hw_keys > 0: and each
+ * warp takes a head tile of its own, the units averaging that many keys.
+ * nseq, seq_keys: the part's sequences and their average keys; split: 0 a
+ * call's only decode part, 1 the long sequences of a split call, 2 its short
+ * ones. pays / wide >= 0 force those two decisions (the enumeration of
+ * pa_cuda_plan_variants); -1: from the numbers. */
+typedef struct pa_situation {
+    pa_part_kind kind;
+    int32_t max_q;
+    bool allow_ws, short_units;
+    int64_t hw_keys, nseq, seq_keys;
+    int split;
+    int pays, wide;
+    bool tma_fits; /* prefill: the cache's rows are int32 TMA coordinates */
+} pa_situation;
+/* The kernel of situation s, with its launch facts (kp). */
+pa_status pa_plan_kernel(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_cuda_tuning *t,
+                         const pa_cuda_kernels *k, pa_situation s, pa_kernel_plan *kp);
+/* Whether a warp a head tile fits part plan kp (its q tile, GQA tile, head tiles). */
+bool pa_plan_hw_fits(const pa_attn_problem *p, const pa_kernel_plan *kp);
+
 /* ---- cuda_worklist.c: the work list of a part (spec/planner_check.c tests these) ---- */
 
 /* The rule that cuts a part's query tiles (kp: its kernel plan). */
@@ -158,7 +194,7 @@ size_t pa_plan_order_scratch(int64_t nwork, int32_t batch);
 /* The lists written beside the work: prefill_ws's first boxes, decode_mma's first page ids. */
 void pa_plan_first_boxes(const pa_attn_problem *p, const pa_plan_part *pt, const pa_work *items, int32_t *rows);
 void pa_plan_first_pages(const pa_attn_problem *p, const pa_plan_part *pt, const pa_work *items, int32_t *ids);
-/* Whether warp-a-tile decode blocks pay as persistent blocks (cuda_planner.c). */
+/* Whether warp-a-tile decode blocks pay as persistent blocks (cuda_choice.c). */
 bool pa_hw_persist_pays(int kpw, int stages, int minb, int split, int64_t avg_keys, int64_t blocks, int sm_count);
 
 #endif /* PA_CUDA_PLANNER_H */
