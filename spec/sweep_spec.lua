@@ -385,6 +385,15 @@ return {
     assert.are.equal(4, #per_point) -- points 3 and 4 (shards 3, 4) are done
   end)
 
+  it("through scripts/run: stdout holds only the jobs (the build's messages go to stderr)", function()
+    local rc, out = sh(string.format("cd %s && %s/scripts/run %s/scripts/sweep.lua %s --csv %s --no-ceilings " ..
+      "--device cpu --emit-jobs 2>/dev/null", Q(dir), root, root, Q(file), Q(csv)))
+    assert.are.equal(0, rc, out)
+    local got = lines(out)
+    assert.are.equal(6, #got, out)
+    for _, l in ipairs(got) do assert.matches("^luajit ", l) end
+  end)
+
   it("lists the points with their state", function()
     local rc, out = sh(string.format("cd %s && %s %s --csv %s --list --shard 2/2", Q(dir), runner, Q(file), Q(csv)))
     assert.are.equal(0, rc, out)
