@@ -208,7 +208,7 @@ describe("scripts/plot charts", function()
   it_gp("name the device and the shape under the title", function()
     local text = plot_script(csv, "-x context -y gbps --by page --title 'decode' -o " .. Q(dir .. "/t.png"))
     local title = text:match('\nset title "([^\n]*)"\n')
-    assert.are.equal("decode\\ncpu (Test CPU, 2 threads) | heads 32, head_dim 128", title)
+    assert.are.equal("decode\\ncpu (Test CPU, 2 threads)\\nheads 32, head_dim 128", title)
     local svg = dir .. "/t.svg"
     local rc, out = sh(plot .. " " .. Q(csv) .. " -x page -y gbps --by context -o " .. Q(svg))
     assert.are.equal(0, rc, out)

@@ -133,9 +133,26 @@ local function chosen_rows(paths, where)
   return out, seen
 end
 
--- "cpu (Intel Xeon, 2 threads) · batch 4, heads 32, ...": the device(s) and
--- every axis that holds one value across the drawn rows, other than x and --by.
-function M.subtitle(rows, x, by)
+-- Parts joined by sep into lines of at most `limit` characters.
+local function wrap(parts, sep, limit)
+  local lines, cur = {}, nil
+  for _, p in ipairs(parts) do
+    if cur and #cur + #sep + #p > limit then
+      lines[#lines + 1] = cur .. sep:gsub("%s+$", "")
+      cur = p
+    else
+      cur = cur and (cur .. sep .. p) or p
+    end
+  end
+  lines[#lines + 1] = cur
+  return table.concat(lines, "\n")
+end
+
+-- "cpu (Intel Xeon, 2 threads)\nbatch 4, heads 32, ...": the device(s), then
+-- every axis that holds one value across the drawn rows, other than x and
+-- --by; lines of at most `limit` characters (default 100).
+function M.subtitle(rows, x, by, limit)
+  limit = limit or 100
   local skip = { [x] = true }
   for _, c in ipairs(by) do skip[c] = true end
   local devices, dev_order = {}, {}
@@ -160,8 +177,8 @@ function M.subtitle(rows, x, by)
       if one then shape[#shape + 1] = a .. " " .. value_label(a, value[a]) end
     end
   end
-  local text = table.concat(dev_order, "; ")
-  if #shape > 0 then text = text .. " | " .. table.concat(shape, ", ") end
+  local text = wrap(dev_order, "; ", limit)
+  if #shape > 0 then text = text .. "\n" .. wrap(shape, ", ", limit) end
   return text
 end
 
@@ -316,7 +333,8 @@ function M.script(o)
   local title = o.title or string.format("%s against %s%s", LABELS[o.y] or o.y, o.x,
     #by > 0 and (", by " .. table.concat(by, ", ")) or "")
   local subtitle = o.subtitle
-  if subtitle == nil then subtitle = M.subtitle(rows, o.x, by) end
+  -- about 8 pixels a character at the chart's font size
+  if subtitle == nil then subtitle = M.subtitle(rows, o.x, by, math.max(40, math.floor(w / 8))) end
   if subtitle and subtitle ~= "" then title = title .. "\n" .. subtitle end
   add("set title %s", gp_string(title))
   add("set xlabel %s", gp_string(o.xlabel or LABELS[o.x] or o.x))
@@ -401,7 +419,7 @@ end
 --   o.where    filters: { col = "v1,v2" } or a list of "col=v1,v2"
 --   o.output   file; .png or .svg picks the format (default <csv>-<y>.png)
 --   o.title, o.xlabel, o.ylabel, o.logx, o.logy (true or a base), o.scale (y factor),
---   o.subtitle the line under the title (default: the device and the shape; false: none)
+--   o.subtitle the lines under the title (default: the device and the shape; false: none)
 --   o.ceiling  draw the measured ceiling (y = gbps/gflops/tflops/ratio),
 --   o.errorbars  the interquartile range of the timed repeats, o.size {w, h}
 --   o.keep_script  keep the gnuplot script and say where it is (stderr)
