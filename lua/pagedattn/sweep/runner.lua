@@ -49,7 +49,6 @@ end
 -- came from. Returns the seconds spent measuring as the second result.
 local function device_ceilings(dev, opts, progress, sweep_name, clock)
   local t0 = clock()
-  local cached_note = opts.refresh_ceilings and "" or " (none cached)"
   local m, err = require("pagedattn.ceilings").get(dev, {
     seconds = opts.ceilings_seconds or 0.5, refresh = opts.refresh_ceilings, dir = opts.ceilings_dir,
   })
@@ -63,8 +62,8 @@ local function device_ceilings(dev, opts, progress, sweep_name, clock)
     progress:line(string.format("%s: the ceilings of %s (%s), measured %s ago (cached; --refresh-ceilings " ..
       "measures them again)", sweep_name, dev.name, dev.description, age(os.time() - m.measured_at)))
   else
-    progress:line(string.format("%s: measured the ceilings of %s (%s) in %.1fs%s; kept for the next runs",
-      sweep_name, dev.name, dev.description, spent, cached_note))
+    progress:line(string.format("%s: measured the ceilings of %s (%s) in %.1fs; kept for the next runs",
+      sweep_name, dev.name, dev.description, spent))
   end
   -- the compute ceiling: fp32 FMA on a CPU, a bf16 matmul on a GPU (0: not measured)
   local peak, kind = m.fma_gflops, "fma_f32"
