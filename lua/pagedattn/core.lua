@@ -56,14 +56,20 @@ local function find_library()
   return via_cpath or "pagedattn"
 end
 
--- One cdef, straight from the header's API block. busted may load this module
--- more than once in a process; the FFI keeps declarations, so declare once.
+-- One cdef, straight from the headers' API blocks: the product's
+-- (pagedattn.h) and the laboratory's (pagedattn_lab.h, beside it). busted may
+-- load this module more than once in a process; the FFI keeps declarations,
+-- so declare once.
 if not pcall(ffi.typeof, "pa_attention_params") then
   local header_path = find_header()
   local text = read_file(header_path)
   local api = text:match("/%* PA_API_BEGIN %*/(.-)/%* PA_API_END %*/")
   if not api then error("pagedattn: " .. header_path .. " has no PA_API_BEGIN/END block", 0) end
-  ffi.cdef(api)
+  local lab_path = (header_path:match("^(.*)/[^/]*$") or ".") .. "/pagedattn_lab.h"
+  if not file_exists(lab_path) then error("pagedattn: " .. lab_path .. " is missing (it sits beside pagedattn.h)", 0) end
+  local lab = read_file(lab_path):match("/%* PA_LAB_API_BEGIN %*/(.-)/%* PA_LAB_API_END %*/")
+  if not lab then error("pagedattn: " .. lab_path .. " has no PA_LAB_API_BEGIN/END block", 0) end
+  ffi.cdef(api .. lab)
 end
 
 M.library_path = find_library()
