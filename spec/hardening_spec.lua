@@ -344,7 +344,7 @@ describe("hardening (issue 46)", function()
       if not tsan or not tsan:find("/") then return pending("no ThreadSanitizer runtime (libtsan)") end
       local dir = H.tmpdir()
       local exe = dir .. "/threads_check"
-      local lrc, list = H.sh("ls " .. H.root .. "/src/core/*.c " .. H.root .. "/src/cpu/*.c " .. H.root .. "/src/cuda/*.c")
+      local lrc, list = H.sh("ls " .. H.root .. "/src/*.c " .. H.root .. "/src/core/*.c " .. H.root .. "/src/cpu/*.c " .. H.root .. "/src/cuda/*.c")
       assert(lrc == 0, list)
       rc, out = H.sh(string.format(
         "env -u LD_PRELOAD cc -std=gnu11 -O1 -g -fsanitize=thread -pthread -I'%s/src' -Wa,-I'%s/kernels' " ..
