@@ -185,6 +185,17 @@ typedef struct pa_attention_params {
     float softmax_scale;      /* NaN (pa_attention_params_init) = head_dim^-0.5;
                                  any other finite value is used as given */
     float softcap;            /* 0 = off */
+
+    /* maybe, instead of block_table: the pages in FlashInfer's CSR form (a
+     * batch stages both): those of sequence b are
+     * kv_indices[kv_indptr[b] .. kv_indptr[b + 1] - 1], i32 [B + 1] and
+     * [nnz]. kv_last_page_len (maybe, i32 [B]): the keys in each sequence's
+     * last page, checked against the keys the call attends. The call makes
+     * the padded block table from them (an upload, and on a GPU a wait for
+     * the device when it is freed): pass block_table in a loop. */
+    const pa_tensor *kv_indptr;
+    const pa_tensor *kv_indices;
+    const pa_tensor *kv_last_page_len;
 } pa_attention_params;
 
 void pa_attention_params_init(pa_attention_params *p);
