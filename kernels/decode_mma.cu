@@ -443,6 +443,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         /* (HW: this warp's head tile's) */
         const int head_tile = s_ht[j][HW ? warp : 0], hk = s_hk[j][HW ? warp : 0], g0 = g0_of(j, HW ? warp : 0);
         const int nst = stages_of(j), k0 = w.k0;
+        constexpr float hr = pa_headroom<PA_DTYPE>();
         /* this lane's rows (g, g + 8), kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
         /* (persistent blocks in bf16 or f16 load the next unit's while the
@@ -618,7 +619,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
             const int kb =
                 (CAN_CLAIM && claim && st >= CS ? s_ckb[st % CR] : k0 + st * T) + (HW ? 0 : warp * KPW);
-            float mx0 = m0, mx1 = m1;
+            float mx0 = -PA_INF, mx1 = -PA_INF; /* this stage's maxima */
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
@@ -638,8 +639,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     else mx0 = fmaxf(mx0, x);
                 }
             }
-            mx0 = pa_quad_max(mx0);
-            if (!LOWER) mx1 = pa_quad_max(mx1);
+            mx0 = fmaxf(m0, pa_quad_max(mx0) + hr);
+            if (!LOWER) mx1 = fmaxf(m1, pa_quad_max(mx1) + hr);
             /* new maxima: rescale what is accumulated (rarely, once the max settles) */
             const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
             const float alpha1 = LOWER || mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
