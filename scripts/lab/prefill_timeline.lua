@@ -1,9 +1,13 @@
--- scripts/micro/prefill_timeline.lua -- where a prefill block's time goes
+-- scripts/lab/prefill_timeline.lua -- where a prefill block's time goes
 -- (the warp-specialised kernel, prefill_ws.cu), from %globaltimer stamps that
 -- a patched copy of the kernel writes into the first output row of each
 -- block (so its results are not attention; the library is not changed):
---   cp -r kernels /tmp/kp && patch -d /tmp/kp -p0 < scripts/micro/prefill_timeline.patch
---   TRACE_DIR=/tmp/kp TRACE_WORKLOADS=4x2048,1x8192,4x1024+8192 scripts/run scripts/micro/prefill_timeline.lua
+--   mkdir -p /tmp/kp && git archive 2cdc757 kernels | tar -x -C /tmp/kp
+--   git show 2cdc757:scripts/micro/prefill_timeline.patch | patch -d /tmp/kp/kernels -p0
+-- (the patch lives in git history, applied to 2cdc757's kernels, whose
+-- machine code is today's; it may need its hunks redone after a kernel
+-- change. scripts/lab/README.md)
+--   TRACE_DIR=/tmp/kp/kernels TRACE_WORKLOADS=4x2048,1x8192,4x1024+8192 scripts/run scripts/lab/prefill_timeline.lua
 -- A workload BxS is S causal new tokens per sequence on an empty cache,
 -- BxS+C the same after C cached keys; page 16 in random order (TRACE_PAGE=N:
 -- page N, 0: a contiguous cache; TRACE_ORDER below), bf16, 32 / 8 heads,
@@ -17,7 +21,7 @@
 -- per-block cost c from a fit of T14 - T0 against the tiles the block ran.
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
-local trace = require "scripts.micro.trace"
+local trace = require "scripts.lab.trace"
 local dev, pct = trace.dev, trace.pct
 local H, HK, D, QT = 32, 8, 128, 32
 -- TRACE_PAGE: the cache's page size (default 16; 0: a contiguous cache);

@@ -1,4 +1,4 @@
-// scripts/micro/decode_pattern.cu -- does decode's access pattern cost HBM
+// scripts/lab/decode_pattern.cu -- does decode's access pattern cost HBM
 // bandwidth? Streams the bench's K/V bytes (64 x 4096 keys, 8 kv heads, head
 // dim 128, bf16: 2 x 537 MB) three ways and prints GB/s over a sequential read
 // of the same bytes:
@@ -9,7 +9,7 @@
 //   one head, 4 KB, contiguous), session 29.
 // Plain 16-byte streaming loads (ld.global.cs), 4 per thread and tensor in
 // flight; no shared memory, no arithmetic: the memory system alone.
-//   nvcc -O3 -arch=sm_90a -o /tmp/decode_pattern scripts/micro/decode_pattern.cu && /tmp/decode_pattern
+//   nvcc -O3 -arch=sm_90a -o /tmp/decode_pattern scripts/lab/decode_pattern.cu && /tmp/decode_pattern
 // H200, session 6 (kernels/NOTES.md): per-head page 16 0.98-1.00 of the
 // sequential read (4433 GB/s) with 256 blocks or more; unpaged 1.01-1.02.
 // Session 29, against the bench's ceiling too (one 2 GiB read, 4595 GB/s; the

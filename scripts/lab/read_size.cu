@@ -1,4 +1,4 @@
-// scripts/micro/read_size.cu -- what a plain streaming read reaches at the
+// scripts/lab/read_size.cu -- what a plain streaming read reaches at the
 // decode bench's size (1 GiB) against the 2 GiB pass that the bench's "read"
 // ceiling is measured on, timed as the library times a call (a hold kernel,
 // then events around the kernel): the fixed cost of one pass (launch, ramp
@@ -21,7 +21,7 @@
 //   cp16x3nb   cp16x3 without the barrier a stage (each thread waits for its own copies only; in
 //           session 28 cp32x3 and a ring of 6 x 8 KB without it, and rings of 6 x 8, 6 x 16 and
 //           12 x 8 KB with it, all read like cp16x3: 0.90-0.93 of the 2 GiB rate at 1 GiB)
-//   nvcc -O3 -arch=sm_90a -o /tmp/read_size scripts/micro/read_size.cu && /tmp/read_size
+//   nvcc -O3 -arch=sm_90a -o /tmp/read_size scripts/lab/read_size.cu && /tmp/read_size
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

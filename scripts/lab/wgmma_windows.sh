@@ -1,8 +1,8 @@
 #!/bin/bash
-# scripts/micro/wgmma_windows.sh [--all] [VARIANT...] -- compiles kernel
+# scripts/lab/wgmma_windows.sh [--all] [VARIANT...] -- compiles kernel
 # variants through NVRTC, as the library does (from $PAGEDATTN_KERNEL_DIR,
 # default kernels/), and prints each one's wgmma windows
-# (`scripts/sass-scan.lua --windows`): its instruction count, the
+# (`scripts/lab/sass-scan.lua --windows`): its instruction count, the
 # instructions from each wgmma fence to the next wait, and "(serialised)"
 # where ptxas issued the wgmmas one at a time. Check a prefill change here
 # before spending GPU time on it: nvcc's ptxas and NVRTC's disagree (session
@@ -13,8 +13,8 @@
 # head: page 16 and 256 with page boxes, contiguous); --all: every prefill_ws
 # variant of scripts/precompile.lua's list (its --names: 176, ~1.5 s each),
 # serialised ones only.
-#   scripts/micro/wgmma_windows.sh
-#   PAGEDATTN_KERNEL_DIR=/tmp/k_new scripts/micro/wgmma_windows.sh
+#   scripts/lab/wgmma_windows.sh
+#   PAGEDATTN_KERNEL_DIR=/tmp/k_new scripts/lab/wgmma_windows.sh
 set -u
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -42,6 +42,6 @@ for v in "${variants[@]}"; do
     cat "$tmp/log"
     continue
   fi
-  line=$(luajit scripts/sass-scan.lua --windows "$tmp"/cache/*)
+  line=$(luajit scripts/lab/sass-scan.lua --windows "$tmp"/cache/*)
   if [ $only_serialised = 0 ] || [[ $line == *"(serialised)"* ]]; then echo "$v: ${line#*: }"; fi
 done

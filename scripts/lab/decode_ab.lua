@@ -1,4 +1,4 @@
--- scripts/micro/decode_ab.lua "CFG|CFG|..." [WORKLOADS] [ROUNDS] -- an A/B of
+-- scripts/lab/decode_ab.lua "CFG|CFG|..." [WORKLOADS] [ROUNDS] -- an A/B of
 -- decode kernels or settings in one process (kernels/NOTES.md sessions
 -- 22-25: the method of every decode A/B since). A CFG is VAR=VALUE settings
 -- of the environment separated by commas ("-" for none), e.g.
@@ -16,7 +16,7 @@
 -- say 0, an unwritten output inf; a config that should change nothing and
 -- does is caught here). On the GPU machine:
 --   . .gpu-deps/env.sh && . scripts/env.sh
---   luajit scripts/micro/decode_ab.lua "-|PAGEDATTN_DECODE_TAIL=0" 256x1024,64x4096
+--   luajit scripts/lab/decode_ab.lua "-|PAGEDATTN_DECODE_TAIL=0" 256x1024,64x4096
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"

@@ -1,11 +1,11 @@
--- scripts/prefill_once.lua [--batch B] [--seqlen S] [--cached C] [--page P] [--calls N] [KERNEL...] --
+-- scripts/lab/prefill_once.lua [--batch B] [--seqlen S] [--cached C] [--page P] [--calls N] [KERNEL...] --
 -- a few causal prefill calls (bf16, 32 query / 8 kv heads, head dim 128: the
 -- bench's workload; S new tokens a sequence after C cached keys, default 0:
 -- the bench's chunked case is --batch 4 --seqlen 1024 --cached 8192) and
 -- nothing else, for a profiler: per KERNEL ("default",
 -- "ws", "wgmma", "mma": PAGEDATTN_PREFILL_KERNEL) N calls (default 3).
 --   ncu --set full --import-source yes -k regex:pa_prefill --launch-skip 2 --launch-count 1 \
---     -o /tmp/p luajit scripts/prefill_once.lua --batch 4 --seqlen 2048
+--     -o /tmp/p luajit scripts/lab/prefill_once.lua --batch 4 --seqlen 2048
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
@@ -21,7 +21,7 @@ while i <= #arg do
     elseif a == "--page" then page = v else calls = v end
     i = i + 2
   elseif a == "--help" or a == "-h" then
-    print("usage: luajit scripts/prefill_once.lua [--batch B] [--seqlen S] [--cached C] [--page P (0: contiguous)]"
+    print("usage: luajit scripts/lab/prefill_once.lua [--batch B] [--seqlen S] [--cached C] [--page P (0: contiguous)]"
       .. " [--calls N] [KERNEL...]")
     os.exit(0)
   else

@@ -1,10 +1,10 @@
-// scripts/micro/cta_gap.cu -- how long an SM takes from one block's end to
+// scripts/lab/cta_gap.cu -- how long an SM takes from one block's end to
 // the next block's start: 16 waves of blocks that busy-wait 5 us and stamp
 // %globaltimer at their start and end (with their SM), for 384 threads and
 // 0 to 224 KB of dynamic shared memory, and with what prefill_ws.cu does at
 // a block's start and end (setmaxnreg, mbarrier inits, a bulk load waited
 // for, bulk stores waited for .read or fully, 16-byte stores).
-//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/cta_gap scripts/micro/cta_gap.cu && /tmp/cta_gap
+//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/cta_gap scripts/lab/cta_gap.cu && /tmp/cta_gap
 // H200, session 13: median 0.16 us in every configuration (kernels/NOTES.md).
 #include <cstdio>
 #include <cstdlib>

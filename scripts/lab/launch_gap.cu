@@ -1,11 +1,11 @@
-// scripts/micro/launch_gap.cu -- what a call's device time holds besides its
+// scripts/lab/launch_gap.cu -- what a call's device time holds besides its
 // kernel: events around (a) the kernel alone, (b) an H2D copy of 40 KB
 // (pinned) on the same stream before it, (c) the same with an event recorded
 // after the copy (as the library's plan upload did), (d) a D2D copy, (e) the
 // copy on a second stream that the kernel's stream waits for, (f) (c) with the
 // preceding kernel's shared-memory carveout at 100 %. "gap" = event time - the
 // kernel's own span (globaltimer of its first and last block).
-//   nvcc -O3 -arch=sm_90a -o /tmp/launch_gap scripts/micro/launch_gap.cu && /tmp/launch_gap
+//   nvcc -O3 -arch=sm_90a -o /tmp/launch_gap scripts/lab/launch_gap.cu && /tmp/launch_gap
 // H200, session 6: gap 3.0 us for the kernel alone, 11.3 us with any copy
 // queued before it on the same stream, 3.1 us with the copy on another stream:
 // hence the library's plan uploads on a copy stream (cuda_backend.c).

@@ -1,4 +1,4 @@
-// scripts/micro/decode_micro.cuh -- what the standalone decode micros share
+// scripts/lab/decode_micro.cuh -- what the standalone decode micros share
 // (decode_pagebox.cu, decode_burst.cu): the bench's shapes (bf16, 32 query /
 // 8 kv heads, D 128, page 16 in random order, full pages), the MMA helpers,
 // the combine of pieces' partial rows, the streaming-read ceiling and the

@@ -1,4 +1,4 @@
-// scripts/micro/decode_burst.cu -- the decode design that kernels/NOTES.md
+// scripts/lab/decode_burst.cu -- the decode design that kernels/NOTES.md
 // session 28 left to try, standalone; measured in session 29 (NOTES): correct
 // (max |d| 3e-5 to 2.5e-4), 245-251 us kernel alone at the bench's shapes, 1-3
 // us slower than the library's whole call before its own combine (8-29 us);
@@ -19,13 +19,13 @@
 // rows are merged by decode_micro.cuh's combine kernel (a second launch, timed
 // apart). The bench's shapes, timed as the library times a call, checked
 // against float64 on the host.
-//   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/micro/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
+//   nvcc -O3 -arch=sm_90a -o /tmp/burst scripts/lab/decode_burst.cu && /tmp/burst B L CHUNK [MODE]
 //   (CHUNK pages a piece, 1-32; MODE 0 full, 1 no MMAs: the fragments' loads kept;
 //   2 / 3 the same with two bursts in flight a warp, burst2; 4 burst's copies alone, no shared
 //   memory read; 5 / 6 a producer and a consumer warp a block, full / no MMAs (burst_pc, 6
 //   blocks a SM); 7 mode 5 at 8 blocks a SM (128 registers, 104 bytes spilled);
 //   WARPS=N: N blocks a SM at most)
-// What to compare: main by `scripts/micro/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
+// What to compare: main by `scripts/lab/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
 // same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
 #include "decode_micro.cuh"
 

@@ -1,4 +1,4 @@
--- scripts/micro/trace.lua -- what the kernel timelines share
+-- scripts/lab/trace.lua -- what the kernel timelines share
 -- (decode_timeline.lua, prefill_timeline.lua): the CUDA device, the patched
 -- kernel directory (TRACE_DIR), a call's event time with the normal and the
 -- patched kernel, and the %globaltimer stamps the patched kernel writes into

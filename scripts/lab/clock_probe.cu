@@ -1,4 +1,4 @@
-// scripts/micro/clock_probe.cu -- the SM clock through a call, timed as the
+// scripts/lab/clock_probe.cu -- the SM clock through a call, timed as the
 // bench and decode_ab time one: the host idle for GAP us (usleep), then the
 // library's hold kernel (30 us), then the work. One warp a SM (its lane 0)
 // counts clock64 cycles over windows of PWIN ns of %globaltimer from the hold's
@@ -7,7 +7,7 @@
 // (grid_read, the bench's ceiling kernel) on a second stream, launched after
 // the probe so the probe has its slot on every SM. Each row: the median over
 // the SMs and 15 calls (after 3) of each window's MHz, then the read's time.
-//   nvcc -O3 -arch=sm_90a -o /tmp/clock_probe scripts/micro/clock_probe.cu && /tmp/clock_probe
+//   nvcc -O3 -arch=sm_90a -o /tmp/clock_probe scripts/lab/clock_probe.cu && /tmp/clock_probe
 // Question (kernels/NOTES.md session 29): is part of a decode call's fixed
 // cost a clock that is still low when it starts? No: 1977-1983 MHz in every
 // window after gaps of 0-100 ms, alone or under the read (dips to ~1950 in

@@ -1,4 +1,4 @@
--- scripts/micro/alloc_history.lua [STEPS] [ROUNDS] -- does what was allocated
+-- scripts/lab/alloc_history.lua [STEPS] [ROUNDS] -- does what was allocated
 -- and freed before a decode's caches move its time? (kernels/NOTES.md,
 -- session 19: after a row whose caches were 8.6 GB or more, 64 x 4096 took
 -- 279 us against 246.) STEPS, comma separated, run in order in one process:
@@ -10,7 +10,7 @@
 -- Default: a fresh baseline, the session-19 churn, the baseline again.
 -- Kernel us: median of 15 timed calls (1 ms apart) per round, the median of
 -- the rounds, the rounds in brackets.
---   . .gpu-deps/env.sh && . scripts/env.sh && luajit scripts/micro/alloc_history.lua
+--   . .gpu-deps/env.sh && . scripts/env.sh && luajit scripts/lab/alloc_history.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"

@@ -1,9 +1,13 @@
--- scripts/micro/decode_timeline.lua -- when each block of the page-16 decode
+-- scripts/lab/decode_timeline.lua -- when each block of the page-16 decode
 -- kernel (decode_mma.cu) starts, has its first stage, ends its loop and ends,
 -- from %globaltimer stamps that a patched copy of the kernel writes into `out`
 -- (so its results are not attention; the library is not changed):
---   cp -r kernels /tmp/kt && patch -d /tmp/kt -p0 < scripts/micro/decode_timeline.patch
---   TRACE_DIR=/tmp/kt TRACE_WORKLOADS=64x4096,8x32768 scripts/run scripts/micro/decode_timeline.lua
+--   mkdir -p /tmp/kt && git archive 2cdc757 kernels | tar -x -C /tmp/kt
+--   git show 2cdc757:scripts/micro/decode_timeline.patch | patch -d /tmp/kt/kernels -p0
+-- (the patch lives in git history, applied to 2cdc757's kernels, whose
+-- machine code is today's; it may need its hunks redone after a kernel
+-- change. scripts/lab/README.md)
+--   TRACE_DIR=/tmp/kt/kernels TRACE_WORKLOADS=64x4096,8x32768 scripts/run scripts/lab/decode_timeline.lua
 -- Prints per workload: the call's event time with the normal and the patched
 -- kernel, the span from the first block's start to the last one's end, the
 -- spread of each phase over the blocks, and how many blocks are active in
@@ -17,7 +21,7 @@
 -- each block spends ~4 us before its first stage.
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
-local trace = require "scripts.micro.trace"
+local trace = require "scripts.lab.trace"
 local dev, pct = trace.dev, trace.pct
 local H, HK, D = 32, 8, 128
 for wl in (os.getenv("TRACE_WORKLOADS") or "64x4096,8x32768,256x1024,8x8192"):gmatch("(%d+x%d+)") do

@@ -1,4 +1,4 @@
-// scripts/micro/decode_pagebox.cu -- a decode design measured before it is
+// scripts/lab/decode_pagebox.cu -- a decode design measured before it is
 // built (kernels/NOTES.md, session 28): a unit is a piece of one sequence
 // with ALL its kv heads, so a page of 16 tokens (32 KB of K, 32 KB of V at 8
 // kv heads x 128 x bf16) is one contiguous TMA box, one instruction, instead
@@ -13,7 +13,7 @@
 // reference on the host. No masks, no options: what it answers is whether
 // the stream of whole-page boxes with this arithmetic reaches 0.97 (it does
 // not: 0.94, below the library's decode kernel; NOTES session 28).
-//   nvcc -O3 -arch=sm_90a -o /tmp/pagebox scripts/micro/decode_pagebox.cu -lcuda && /tmp/pagebox
+//   nvcc -O3 -arch=sm_90a -o /tmp/pagebox scripts/lab/decode_pagebox.cu -lcuda && /tmp/pagebox
 //   /tmp/pagebox B L CHUNK [MODE]   (CHUNK pages a piece; MODE 0 full, 1 no MMAs, 2 neither
 //   MMAs nor q: the stream of page boxes and the softmax's exponentials)
 #include <cuda.h>

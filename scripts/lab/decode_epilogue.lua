@@ -1,9 +1,13 @@
--- scripts/micro/decode_epilogue.lua -- where a persistent decode block's
+-- scripts/lab/decode_epilogue.lua -- where a persistent decode block's
 -- cycles go between its stages: clock64 sums per block, written by a patched
 -- copy of decode_mma.cu over the call's lse (so its lse is not attention;
 -- the library is not changed):
---   cp -r kernels /tmp/ke && patch -d /tmp/ke -p0 < scripts/micro/decode_epilogue.patch
---   TRACE_DIR=/tmp/ke TRACE_WORKLOADS=256x1024,128x2048 luajit scripts/micro/decode_epilogue.lua
+--   mkdir -p /tmp/ke && git archive 2cdc757 kernels | tar -x -C /tmp/ke
+--   git show 2cdc757:scripts/micro/decode_epilogue.patch | patch -d /tmp/ke/kernels -p0
+-- (the patch lives in git history, applied to 2cdc757's kernels, whose
+-- machine code is today's; it may need its hunks redone after a kernel
+-- change. scripts/lab/README.md)
+--   TRACE_DIR=/tmp/ke/kernels TRACE_WORKLOADS=256x1024,128x2048 luajit scripts/lab/decode_epilogue.lua
 -- Per workload (page 16 in random order, "/s": sequential pages): the call's
 -- event time with the normal and the patched kernel, then over the blocks
 -- (warp 0's clock) the p10 / p50 / p90 of each sum and its median per unit,
@@ -17,7 +21,7 @@
 -- 26: 1.2 us a unit between two units' stages, 0.5 of it the output loop.
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
-local trace = require "scripts.micro.trace"
+local trace = require "scripts.lab.trace"
 local dev, pct = trace.dev, trace.pct
 local H, HK, D = 32, 8, 128
 local names = { "stage waits (not first)", "first-stage waits", "epi barrier1", "epi smem+barrier2",

@@ -1,4 +1,4 @@
--- scripts/sass-scan.lua [--windows | --overlap] CUBIN... -- where the wgmma waits of a kernel sit, read
+-- scripts/lab/sass-scan.lua [--windows | --overlap] CUBIN... -- where the wgmma waits of a kernel sit, read
 -- straight from a cubin's SASS encodings (this machine has nvcc and ptxas but
 -- no cuobjdump or nvdisasm). Prints, per kernel, the instruction index of each
 -- block barrier (BAR), cp.async commit (LDGDEPBAR), wgmma fence
@@ -8,7 +8,7 @@
 -- (kernels/NOTES.md, session 3).
 --   cd kernels && nvcc -arch=sm_90a -cubin -std=c++17 -DPA_DTYPE=2 -DPA_D=128 \
 --     -DPA_GT=4 -DPA_PAGE=16 -DPA_STAGES=3 -DPA_NATURAL=0 -o /tmp/k.cubin prefill_wgmma.cu
---   luajit scripts/sass-scan.lua /tmp/k.cubin
+--   luajit scripts/lab/sass-scan.lua /tmp/k.cubin
 -- A CUBIN may be a file of the kernel cache (a header, then the cubin).
 -- --overlap: one line per kernel, each wait for S (WG.DEPBAR <= 1) to the
 -- next wait for everything (<= 0) as "instructions/MUFUs": the exponentials
@@ -18,7 +18,7 @@
 -- instructions from each wgmma fence to the next wait (prefill_ws's loop:
 -- 109 at head dim 128), flagged "serialised" where ptxas issued the wgmmas
 -- one at a time (most windows under 20 instructions; its C7511 remark,
--- which NVRTC does not print). scripts/micro/wgmma_windows.sh compiles
+-- which NVRTC does not print). scripts/lab/wgmma_windows.sh compiles
 -- variants through NVRTC and runs this.
 local function u16(s, o) return s:byte(o + 1) + s:byte(o + 2) * 256 end
 local function u32(s, o) return u16(s, o) + u16(s, o + 2) * 65536 end
@@ -101,7 +101,7 @@ local function scan(path)
 end
 
 if #arg == 0 then
-  io.stderr:write("usage: luajit scripts/sass-scan.lua [--windows | --overlap] CUBIN...\n")
+  io.stderr:write("usage: luajit scripts/lab/sass-scan.lua [--windows | --overlap] CUBIN...\n")
   os.exit(2)
 end
 for _, p in ipairs(arg) do scan(p) end

@@ -1,10 +1,10 @@
--- scripts/micro/host_loop.lua -- the host's time per attention call, where the
+-- scripts/lab/host_loop.lua -- the host's time per attention call, where the
 -- kernel is shorter than the call: 2000 rotary appends of one token to each
 -- of 256 sequences (bf16, 8 kv heads, head dim 128, a 256 x 256 block table
 -- of pages of 16) queued back to back with one wait at the end, timing off;
 -- prints the median of 5 such loops. To compare two builds of the library,
 -- run it with PAGEDATTN_LIB set to each in turn.
---   luajit scripts/micro/host_loop.lua (after . scripts/env.sh; a CUDA device)
+--   luajit scripts/lab/host_loop.lua (after . scripts/env.sh; a CUDA device)
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
 local dev = pa.device()

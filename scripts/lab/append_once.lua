@@ -1,7 +1,7 @@
--- scripts/append_once.lua -- a few rotary appends and nothing else, for a
+-- scripts/lab/append_once.lua -- a few rotary appends and nothing else, for a
 -- profiler: the bench's workload (64 sequences x 512 new tokens, bf16, 8 kv
 -- heads, head dim 128, GPT-NeoX rotary, page 16 in random order).
---   ncu -k regex:pa_append --launch-skip 1 --launch-count 1 --set full luajit scripts/append_once.lua
+--   ncu -k regex:pa_append --launch-skip 1 --launch-count 1 --set full luajit scripts/lab/append_once.lua
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
 local dev = assert(pa.device())

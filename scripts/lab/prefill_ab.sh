@@ -1,8 +1,8 @@
 #!/bin/bash
-# scripts/micro/prefill_ab.sh "CONFIG|CONFIG|..." [ROUNDS] -- A/B of prefill
+# scripts/lab/prefill_ab.sh "CONFIG|CONFIG|..." [ROUNDS] -- A/B of prefill
 # kernels by ncu's kernel duration (session 13's method, kernels/NOTES.md):
 # per config and workload the median of 5 launches of
-# scripts/prefill_once.lua under `ncu --clock-control base` (locked clocks:
+# scripts/lab/prefill_once.lua under `ncu --clock-control base` (locked clocks:
 # repeats agree within ~0.5 % in one visit, where the bench's points move
 # 5-10 %), configs alternating, ROUNDS rounds (default 2). A CONFIG is
 # space-separated VAR=VALUE settings for the environment (e.g.
@@ -12,7 +12,7 @@
 # Workloads: the bench's three (4 x 2048, 8192 causal, 4 x 1024 on 8192).
 # Durations in ns. On the GPU machine, after `. .gpu-deps/env.sh && .
 # scripts/env.sh` (and the kernel cache, README "GPU"):
-#   scripts/micro/prefill_ab.sh "page=16|page=0" 2
+#   scripts/lab/prefill_ab.sh "page=16|page=0" 2
 IFS='|' read -ra CFGS <<< "$1"
 R=${2:-2}
 WLS=("--batch 4 --seqlen 2048" "--batch 1 --seqlen 8192" "--batch 4 --seqlen 1024 --cached 8192")
@@ -26,7 +26,7 @@ for r in $(seq "$R"); do
       # shellcheck disable=SC2086
       d=$(env "${envs[@]}" ncu ${PREFILL_AB_CLOCK:---clock-control base} --metrics gpu__time_duration.sum --csv \
         -k regex:pa_prefill --launch-skip 2 --launch-count 5 \
-        luajit scripts/prefill_once.lua $w --page "$page" --calls 7 2>/dev/null |
+        luajit scripts/lab/prefill_once.lua $w --page "$page" --calls 7 2>/dev/null |
         grep gpu__time_duration | awk -F'","' '{gsub(/[",]/, "", $NF); print $NF}' | sort -n | sed -n 3p)
       echo "round $r [$c] $w: ${d:-failed}"
     done

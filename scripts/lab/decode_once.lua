@@ -1,9 +1,9 @@
--- scripts/micro/decode_once.lua [B] [L] -- a few decode calls and nothing
+-- scripts/lab/decode_once.lua [B] [L] -- a few decode calls and nothing
 -- else, for a profiler: the bench's decode workload shape (bf16, 32 query /
 -- 8 kv heads, head dim 128, page 16 in random order), B sequences of L keys
 -- (default 1024 x 64).
 --   ncu -k regex:pa_decode --launch-skip 1 --launch-count 1 --section SpeedOfLight \
---     --section WarpStateStats luajit scripts/micro/decode_once.lua 1024 64
+--     --section WarpStateStats luajit scripts/lab/decode_once.lua 1024 64
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
 local dev = assert(pa.device())
