@@ -1,6 +1,6 @@
 -- CUDA against the CPU backend at serving sizes, where the float64 reference
 -- cannot run whole: the same inputs on both devices (randn is one stream
--- everywhere), the CPU as the reference, and the tolerance of DESIGN.md with
+-- everywhere), the CPU as the reference, and the tolerance of docs/design.md with
 -- the naive-precision error measured by the Lua reference on one slice of the
 -- problem (one sequence, one kv head's query heads). Tagged #gpu.
 --   PAGEDATTN_GPU_SPEC_SMALL=1 shrinks the sizes (dry runs on the CPU).

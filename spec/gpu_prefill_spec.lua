@@ -9,7 +9,7 @@
 -- paged cache with random block tables, repeated). Tagged #gpu.
 --
 -- Same inputs on both devices (randn is one stream everywhere; tables from
--- Lua), the tolerance of spec/gpu_large_spec.lua: DESIGN.md's rule with the
+-- Lua), the tolerance of spec/gpu_large_spec.lua: docs/design.md's rule with the
 -- naive-precision error measured by the Lua reference on one slice of the
 -- problem (the last queries of one sequence, one kv head's query heads, all
 -- its keys), plus one rounding step of the dtype at the CPU output's largest
@@ -505,7 +505,7 @@ end)
 
 -- Batch 4, 170 new tokens each appended to an EMPTY paged cache (page 16, 11
 -- pages a sequence), 32 query heads and 8 kv heads (the issue says 32 heads;
--- GQA 4 as in DESIGN.md's workload), head dim 128, bf16, causal; repeated
+-- GQA 4 as in docs/design.md's workload), head dim 128, bf16, causal; repeated
 -- with a fresh random block table each time, every repetition compared with
 -- the CPU.
 --

@@ -1,13 +1,13 @@
 -- scripts/lab/alloc_history.lua [STEPS] [ROUNDS] -- does what was allocated
--- and freed before a decode's caches move its time? (kernels/NOTES.md,
--- session 19: after a row whose caches were 8.6 GB or more, 64 x 4096 took
+-- and freed before a decode's caches move its time? (docs/measuring.md:
+-- once, after a row whose caches were 8.6 GB or more, 64 x 4096 took
 -- 279 us against 246.) STEPS, comma separated, run in order in one process:
 --   BxL[/s|/u]   time that decode workload (caches made now, freed after):
 --                page 16 in random order, /s sequential pages, /u unpaged
 --   churnG[xN]   allocate N (default 1) tensors of G GB, touch them, free
 --                them all (G may be fractional: churn0.25x40)
 --   read         the streaming-read ceiling (its own fresh 2 GiB buffer)
--- Default: a fresh baseline, the session-19 churn, the baseline again.
+-- Default: a fresh baseline, that churn, the baseline again.
 -- Kernel us: median of 15 timed calls (1 ms apart) per round, the median of
 -- the rounds, the rounds in brackets.
 --   . .gpu-deps/env.sh && . scripts/env.sh && luajit scripts/lab/alloc_history.lua

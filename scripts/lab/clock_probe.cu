@@ -8,7 +8,7 @@
 // the probe so the probe has its slot on every SM. Each row: the median over
 // the SMs and 15 calls (after 3) of each window's MHz, then the read's time.
 //   nvcc -O3 -arch=sm_90a -o /tmp/clock_probe scripts/lab/clock_probe.cu && /tmp/clock_probe
-// Question (kernels/NOTES.md session 29): is part of a decode call's fixed
+// Question (docs/measuring.md): is part of a decode call's fixed
 // cost a clock that is still low when it starts? No: 1977-1983 MHz in every
 // window after gaps of 0-100 ms, alone or under the read (dips to ~1950 in
 // its first 100 us), and through decode_burst's calls (PROBE=1). The probe's

@@ -1,7 +1,7 @@
 -- scripts/lab/cpu_decode_ratio.lua [B] [L] [PAGE] [ROUNDS] -- CPU decode
 -- against the streaming-read ceiling measured right before and right after
 -- it, round by round: on a shared host (a VM) the read rate moves between two
--- states within minutes (kernels/NOTES.md, session 34), so a ratio to one
+-- states within minutes (docs/cpu.md), so a ratio to one
 -- ceiling taken at the start says as much about the host as the kernel.
 -- Defaults: 8 x 4096 keys, page 16 (random order), bf16, 32 / 8 heads, D 128;
 -- 5 rounds of 0.3 s of calls (median).

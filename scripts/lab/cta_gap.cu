@@ -5,7 +5,7 @@
 // a block's start and end (setmaxnreg, mbarrier inits, a bulk load waited
 // for, bulk stores waited for .read or fully, 16-byte stores).
 //   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/cta_gap scripts/lab/cta_gap.cu && /tmp/cta_gap
-// H200, session 13: median 0.16 us in every configuration (kernels/NOTES.md).
+// H200: median 0.16 us in every configuration (docs/prefill.md).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>

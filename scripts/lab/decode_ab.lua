@@ -1,6 +1,6 @@
 -- scripts/lab/decode_ab.lua "CFG|CFG|..." [WORKLOADS] [ROUNDS] -- an A/B of
--- decode kernels or settings in one process (kernels/NOTES.md sessions
--- 22-25: the method of every decode A/B since). A CFG is VAR=VALUE settings
+-- decode kernels or settings in one process (docs/measuring.md: the
+-- method of every decode A/B). A CFG is VAR=VALUE settings
 -- of the environment separated by commas ("-" for none), e.g.
 -- "-|PAGEDATTN_DECODE_TAIL=0|PAGEDATTN_KERNEL_DIR=/tmp/k_old".
 -- WORKLOADS: B x L, comma separated (default 256x1024,128x2048,64x4096);
@@ -10,7 +10,7 @@
 -- turn: 0.05 s of untimed calls, then the median of 15 timed calls (device
 -- events around the call's kernels) with 1 ms of sleep after each (calls
 -- back to back drove some boards to their power limit: 250 -> 275 us over
--- seconds, kernels/NOTES.md session 22). The table gives each round's
+-- seconds, docs/measuring.md). The table gives each round's
 -- median, the median of the rounds, and max |d| of each config's output
 -- against the first config's, each written over NaN (bit-for-bit changes
 -- say 0, an unwritten output inf; a config that should change nothing and

@@ -1,5 +1,5 @@
-// scripts/lab/decode_burst.cu -- the decode design that kernels/NOTES.md
-// session 28 left to try, standalone; measured in session 29 (NOTES): correct
+// scripts/lab/decode_burst.cu -- a decode design of warps that each stream
+// their own head tile, standalone; measured on the H200 (docs/decode.md): correct
 // (max |d| 3e-5 to 2.5e-4), 245-251 us kernel alone at the bench's shapes, 1-3
 // us slower than the library's whole call before its own combine (8-29 us);
 // its copies alone (mode 4) read 0.963-0.972 of the ceiling at 8 warps a SM;
@@ -26,7 +26,7 @@
 //   blocks a SM); 7 mode 5 at 8 blocks a SM (128 registers, 104 bytes spilled);
 //   WARPS=N: N blocks a SM at most)
 // What to compare: main by `scripts/lab/decode_ab.lua "-" 64x4096,256x1024,8x32768 2` in the
-// same visit, and decode_pagebox.cu (session 28: 250-251 us kernel alone where main took 248-250).
+// same visit, and decode_pagebox.cu (250-251 us kernel alone where the library took 248-250).
 #include "decode_micro.cuh"
 
 constexpr int ROWB = D * 2;            // a key's row of one head: 256 bytes
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(32, 12) burst2(const __nv_bfloat16 *kc, const 
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-// A producer warp and a consumer warp a block (PC, mode 5; session 29): the producer streams
+// A producer warp and a consumer warp a block (PC, mode 5): the producer streams
 // the bursts (copies alone as in mode 4, but two in flight, wait_group 1) into a ring of NB
 // buffers and hands each over by a named barrier (FULL + buffer) with a header (first / last
 // page of its piece, the piece's partial row and kv head, q's buffer); the consumer takes

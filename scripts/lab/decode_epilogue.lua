@@ -17,8 +17,8 @@
 -- last stage; the stores of the warps' o, m and l and the barrier after
 -- them; the output loop) and what follows it up to the next unit's stage
 -- loop. The lse holds 8 floats a block: workloads of at least 8 x blocks / H
--- sequences (B >= 66 at 264 blocks and 32 heads). kernels/NOTES.md, session
--- 26: 1.2 us a unit between two units' stages, 0.5 of it the output loop.
+-- sequences (B >= 66 at 264 blocks and 32 heads). docs/decode.md, measured
+-- on the H200: 1.2 us a unit between two units' stages, 0.5 of it the output loop.
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
 local trace = require "scripts.lab.trace"

@@ -1,5 +1,5 @@
 // scripts/lab/decode_pagebox.cu -- a decode design measured before it is
-// built (kernels/NOTES.md, session 28): a unit is a piece of one sequence
+// built (docs/decode.md): a unit is a piece of one sequence
 // with ALL its kv heads, so a page of 16 tokens (32 KB of K, 32 KB of V at 8
 // kv heads x 128 x bf16) is one contiguous TMA box, one instruction, instead
 // of 16 cp.async a thread a stage; warp h of 8 consumer warps owns kv head h
@@ -12,7 +12,7 @@
 // measured in the same run, with the output checked against a float64
 // reference on the host. No masks, no options: what it answers is whether
 // the stream of whole-page boxes with this arithmetic reaches 0.97 (it does
-// not: 0.94, below the library's decode kernel; NOTES session 28).
+// not: 0.94, below the library's decode kernel; docs/decode.md).
 //   nvcc -O3 -arch=sm_90a -o /tmp/pagebox scripts/lab/decode_pagebox.cu -lcuda && /tmp/pagebox
 //   /tmp/pagebox B L CHUNK [MODE]   (CHUNK pages a piece; MODE 0 full, 1 no MMAs, 2 neither
 //   MMAs nor q: the stream of page boxes and the softmax's exponentials)

@@ -6,13 +6,13 @@
 //     row (decode's pattern), page 16 in random page order or unpaged;
 //   all-heads: block = (sequence, split), whole 2 KB rows;
 //   HND: per-head blocks on [page, head, token, dim] caches (a page's 16 rows of
-//   one head, 4 KB, contiguous), session 29.
+//   one head, 4 KB, contiguous).
 // Plain 16-byte streaming loads (ld.global.cs), 4 per thread and tensor in
 // flight; no shared memory, no arithmetic: the memory system alone.
 //   nvcc -O3 -arch=sm_90a -o /tmp/decode_pattern scripts/lab/decode_pattern.cu && /tmp/decode_pattern
-// H200, session 6 (kernels/NOTES.md): per-head page 16 0.98-1.00 of the
+// H200 (docs/decode.md): per-head page 16 0.98-1.00 of the
 // sequential read (4433 GB/s) with 256 blocks or more; unpaged 1.01-1.02.
-// Session 29, against the bench's ceiling too (one 2 GiB read, 4595 GB/s; the
+// Later, against the bench's ceiling too (one 2 GiB read, 4595 GB/s; the
 // two 537 MB launches read 0.973 of it): per-head page 16 0.944-0.977 at the
 // bench's shapes with enough blocks (8 x 32768: 0.949 at best), unpaged
 // 0.973-0.994. The pattern costs 2-5 % of the ceiling, random pages 1-4 %;
@@ -107,7 +107,7 @@ int main() {
   const i64 n16 = bytes1 / 16;
   float seq = time_ms([&] { seq_read<<<sms * 4, 512>>>((const uint4 *)K, n16, sink); seq_read<<<sms * 4, 512>>>((const uint4 *)V, n16, sink); });
   const double seq_gbps = 2.0 * bytes1 / (seq * 1e-3) / 1e9;
-  // the bench's ceiling: the same kernel over one 2 GiB buffer (session 29: the ratios
+  // the bench's ceiling: the same kernel over one 2 GiB buffer (the ratios
   // above are over two 537 MB launches, which read lower than the ceiling)
   double ceil_gbps;
   {

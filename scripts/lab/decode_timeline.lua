@@ -12,12 +12,12 @@
 -- kernel, the span from the first block's start to the last one's end, the
 -- spread of each phase over the blocks, and how many blocks are active in
 -- each 5 us. (PAGEDATTN_DECODE_KERNEL=mma where another decode kernel is
--- the default.) A persistent block (session 7) has one record over all the
+-- the default.) A persistent block has one record over all the
 -- units it ran: its loop phase runs from its first stage to the end of its
 -- last unit's loop (PAGEDATTN_DECODE_PERSIST=0 for one record per unit).
--- Splits that claim their keys (one block per unit, session 17): also the
+-- Splits that claim their keys (one block per unit): also the
 -- cycles thread 0 waited for its claims' results.
--- Session 6 (kernels/NOTES.md): blocks of equal work end up to 20 % apart;
+-- H200 (docs/decode.md): blocks of equal work end up to 20 % apart;
 -- each block spends ~4 us before its first stage.
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"

@@ -1,6 +1,6 @@
 // scripts/lab/l2_read.cu -- the L2's read rate: every SM reads a buffer that
 // fits in the L2 (8, 16, 32 MB) many times over, 16-byte loads that skip L1,
-// at 2, 4 and 8 blocks of 512 threads per SM (kernels/NOTES.md, session 10:
+// at 2, 4 and 8 blocks of 512 threads per SM (docs/prefill.md:
 // what a prefill block of 64 rows, 64 FLOP per byte of K/V, would need). A
 // lower bound: each load's index also takes a 64-bit modulo.
 //   nvcc -O3 -arch=sm_90a -o /tmp/l2_read scripts/lab/l2_read.cu && /tmp/l2_read

@@ -6,7 +6,7 @@
 // preceding kernel's shared-memory carveout at 100 %. "gap" = event time - the
 // kernel's own span (globaltimer of its first and last block).
 //   nvcc -O3 -arch=sm_90a -o /tmp/launch_gap scripts/lab/launch_gap.cu && /tmp/launch_gap
-// H200, session 6: gap 3.0 us for the kernel alone, 11.3 us with any copy
+// H200: gap 3.0 us for the kernel alone, 11.3 us with any copy
 // queued before it on the same stream, 3.1 us with the copy on another stream:
 // hence the library's plan uploads on a copy stream (cuda_backend.c).
 #include <cstdio>

@@ -1,6 +1,6 @@
 #!/bin/bash
 # scripts/lab/prefill_ab.sh "CONFIG|CONFIG|..." [ROUNDS] -- A/B of prefill
-# kernels by ncu's kernel duration (session 13's method, kernels/NOTES.md):
+# kernels by ncu's kernel duration (docs/measuring.md):
 # per config and workload the median of 5 launches of
 # scripts/lab/prefill_once.lua under `ncu --clock-control base` (locked clocks:
 # repeats agree within ~0.5 % in one visit, where the bench's points move

@@ -11,7 +11,7 @@
 //   cp16x3, cp32x3, cp64x3w8   the same chunks through a ring of 3 shared-memory stages of 16 /
 //           32 / 64 KB by cp.async, 128 / 128 / 256 threads (as many blocks a SM as fit: cp32x3
 //           is the four-warp decode kernel's copy engine, cp64x3w8 the eight-warp one's, without
-//           the arithmetic and with contiguous chunks; kernels/NOTES.md session 28)
+//           the arithmetic and with contiguous chunks; docs/decode.md)
 //   stealcp steal with each thread's loads by cp.async into shared memory (LDGSTS against LDG)
 //   cp16x2, cp8x2   rings of two stages (wait_group 0: every copy landed, as stealcp waits)
 //   stealcp4, steal4   stealcp and steal at 4 blocks a SM; stealcpahead: stealcp claiming the next
@@ -19,7 +19,7 @@
 //   stealcpL1min  stealcp with the largest shared-memory carveout (228 KB: the L1 left is 28 KB)
 //   cp16x3L1, cp32x3L1  the rings at 2 / 1 blocks a SM with a ~100 KB carveout (L1 ~156 KB)
 //   cp16x3nb   cp16x3 without the barrier a stage (each thread waits for its own copies only; in
-//           session 28 cp32x3 and a ring of 6 x 8 KB without it, and rings of 6 x 8, 6 x 16 and
+//           the H200 cp32x3 and a ring of 6 x 8 KB without it, and rings of 6 x 8, 6 x 16 and
 //           12 x 8 KB with it, all read like cp16x3: 0.90-0.93 of the 2 GiB rate at 1 GiB)
 //   nvcc -O3 -arch=sm_90a -o /tmp/read_size scripts/lab/read_size.cu && /tmp/read_size
 #include <cstdio>

@@ -5,7 +5,7 @@
 -- (WARPGROUP.ARRIVE), run of HGMMAs, and wgmma wait (WARPGROUP.DEPBAR, with
 -- its group count), so that one sees e.g. whether the wait for P V is still
 -- after the softmax. Encodings matched on sm_90a against cuobjdump -sass
--- (kernels/NOTES.md, session 3).
+-- (docs/prefill.md).
 --   cd kernels && nvcc -arch=sm_90a -cubin -std=c++17 -DPA_DTYPE=2 -DPA_D=128 \
 --     -DPA_GT=4 -DPA_PAGE=16 -DPA_STAGES=3 -DPA_NATURAL=0 -o /tmp/k.cubin prefill_wgmma.cu
 --   luajit scripts/lab/sass-scan.lua /tmp/k.cubin
@@ -13,7 +13,7 @@
 -- --overlap: one line per kernel, each wait for S (WG.DEPBAR <= 1) to the
 -- next wait for everything (<= 0) as "instructions/MUFUs": the exponentials
 -- ptxas placed under P V(t - 1) (main's loop at head dim 128: 191/20 of the
--- step's 66; fewer free registers move them after the wait, session 15).
+-- step's 66; fewer free registers move them after the wait).
 -- --windows: one line per kernel instead, its instruction count and the
 -- instructions from each wgmma fence to the next wait (prefill_ws's loop:
 -- 109 at head dim 128), flagged "serialised" where ptxas issued the wgmmas
@@ -71,7 +71,7 @@ local function scan(path)
           what = "BAR"
         elseif op == 0x9af then
           what = "LDGDEPBAR"
-        elseif op == 0x308 then -- MUFU (encoding matched against ncu's SASS, session 15)
+        elseif op == 0x308 then -- MUFU (encoding matched against ncu's SASS)
           mufu = mufu + 1
         end
         if what and what:sub(1, 9) == "WG.DEPBAR" then

@@ -5,8 +5,8 @@
 # (`scripts/lab/sass-scan.lua --windows`): its instruction count, the
 # instructions from each wgmma fence to the next wait, and "(serialised)"
 # where ptxas issued the wgmmas one at a time. Check a prefill change here
-# before spending GPU time on it: nvcc's ptxas and NVRTC's disagree (session
-# 14: an epilogue nvcc compiled with the loop's windows intact, NVRTC
+# before spending GPU time on it: nvcc's ptxas and NVRTC's disagree (once,
+# an epilogue nvcc compiled with the loop's windows intact, NVRTC
 # serialised, and the kernel ran 33-50 % slower), and NVRTC prints no C7511
 # remark. No GPU needed.
 # Default: the bench's prefill_ws variants (bf16, head dim 128, 4 heads a kv
