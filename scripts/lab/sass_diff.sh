@@ -13,10 +13,10 @@
 # (NEW_TREE/scripts/precompile.lua --names, else OLD_TREE's), or --list FILE
 # (one a line). ARCH: sm_90a by default (sm_80 too is worth a run). --jobs:
 # compilers side by side per tree (default: the cores). Takes minutes: ~400
-# variants on 2 cores ~5 min a tree. Prints one line per variant that
+# variants took 8-22 min a tree on 2 shared cores. Prints one line per variant that
 # differs, fails to compile or exists in one tree only, then a summary;
 # exit 0 only when every variant matches.
-#   git archive main | tar -x -C /tmp/main-tree   # (any two checkouts)
+#   mkdir -p /tmp/main-tree && git archive main | tar -x -C /tmp/main-tree
 #   scripts/lab/sass_diff.sh /tmp/main-tree . --arch sm_90a
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
