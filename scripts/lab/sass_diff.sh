@@ -20,7 +20,7 @@
 #   scripts/lab/sass_diff.sh /tmp/main-tree . --arch sm_90a
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [ $# -lt 2 ]; then sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; fi
+if [ $# -lt 2 ]; then sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; fi
 old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); shift 2
 arch=sm_90a; jobs=$(nproc 2>/dev/null || echo 2); list=""; keep=""
 while [ $# -gt 0 ]; do
