@@ -37,7 +37,7 @@ local def = {
   presets = {
     small = { points = points(4, { 512, 1024, 2048, 4096, 8192 }, 1, { 128, 256, 512, 1024 }) },
     large = { points = points(8, { 1024, 4096, 16384, 32768 }, 1, { 512, 1024, 2048, 4096 }), budget = 1 },
-    -- DESIGN.md's reference workload
+    -- docs/design.md's reference workload
     gpu = { points = points(64, { 1024, 4096, 16384, 32768 }, 1, { 1024, 2048, 4096, 8192 }), budget = 1 },
   },
   -- the sizes follow the device unless --preset says otherwise

@@ -434,7 +434,7 @@ describe("ready-made measures", function()
   end)
 end)
 
-describe("tuning helpers (scripts/bench.lua, scripts/micro/decode_ab.lua)", function()
+describe("tuning helpers (scripts/bench.lua, scripts/lab/decode_ab.lua)", function()
   it("decode_batch: one call over a mixed batch writes every output and counts its K/V bytes", function()
     local pa = require "pagedattn"
     local dev = pa.device("cpu")
