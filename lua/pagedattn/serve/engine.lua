@@ -103,10 +103,14 @@ function Engine:hash_request(r)
         keys[i] = unique_key(r, i)
       end
     end
-    self.cache:prefix_hashes{ num_pages = from_tokens, page_size = ps, tokens = tokens, out = out }
-    local parent = from_tokens > 0 and out[from_tokens - 1] or 0ULL
-    self.cache:prefix_hashes{ num_pages = np - from_tokens, keys = keys + from_tokens, parent = parent,
-                              out = out + from_tokens }
+    if from_tokens > 0 then
+      self.cache:prefix_hashes{ num_pages = from_tokens, page_size = ps, tokens = tokens, out = out }
+    end
+    if np > from_tokens then
+      local parent = from_tokens > 0 and out[from_tokens - 1] or 0ULL
+      self.cache:prefix_hashes{ num_pages = np - from_tokens, keys = keys + from_tokens, parent = parent,
+                                out = out + from_tokens }
+    end
   end
   r.hashes, r.nhash = out, np
   return out
