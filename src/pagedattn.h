@@ -289,8 +289,9 @@ int64_t pa_seq_pages(const pa_pool *pool, int32_t seq, int32_t *dst, int64_t cap
  * free: when the free stack is empty, allocation evicts the oldest of them.
  * Lookup, insert and evict are O(1) per page (an open-addressing table with
  * twice as many slots as pages; the list is linked through the pages).
- * A cached page is never written: every holder has it full, and a sequence
- * cut back into a cached page (truncate, unstage) takes it out of the cache.
+ * A cached page is never written: a write into a cached page (a sequence cut
+ * back into it) copies it first, as copy-on-write does for a shared page, and
+ * a sequence's reserved pages past its tokens are never cached.
  * pa_pool_validate checks all of this: no unheld page outside the free
  * stack and the list, no page on both, no held page on either. */
 typedef struct pa_prefix_params {

@@ -226,12 +226,13 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
              * (An unshared page, the usual case, needs no look at the stamps.) */
             const int32_t p = s->pages[pa_page_index(pool, len)];
             const int32_t rc = pool->refcount[p];
-            if (rc > 1) {
+            const bool cached = pa_pool_page_cached(pool, p); /* never written: every writer copies */
+            if (rc > 1 || cached) {
                 if (pool->page_stamp[p] != epoch) {
                     pool->page_stamp[p] = epoch;
                     pool->page_drops[p] = 0;
                 }
-                if (rc - pool->page_drops[p] > 1) {
+                if (cached || rc - pool->page_drops[p] > 1) {
                     e->cow = true;
                     pool->page_drops[p]++;
                     cows++;

@@ -347,8 +347,9 @@ pa_status pa_seq_ensure_cap(pa_context *ctx, pa_seq *s, int64_t pages) {
 void pa_seq_shrink(pa_pool *pool, pa_seq *s, int64_t len, int32_t keep_pages) {
     for (int32_t j = s->num_pages - 1; j >= keep_pages; j--) pa_pool_page_unref(pool, s->pages[j]);
     if (keep_pages < s->num_pages) s->num_pages = keep_pages;
-    /* kept pages that are no longer full will be written: out of the cache */
-    if (pool->pc) pa_prefix_uncache_from(pool, s, len / pool->page_size);
+    /* kept pages past the tokens (reserved) are written without a copy: out
+     * of the cache (a partial last page stays: a write copies it first) */
+    if (pool->pc) pa_prefix_uncache_from(pool, s, pa_pages_for(len, pool->page_size));
     pool->tokens += len - s->len;
     s->len = len;
 }

@@ -85,6 +85,12 @@ typedef struct pa_prefix_cache {
     int64_t hits, misses, evictions;
 } pa_prefix_cache;
 
+/* Whether page is in the prefix cache: then nobody writes it (a write into
+ * it copies it first, as for a shared page). */
+static inline bool pa_pool_page_cached(const pa_pool *pool, int32_t page) {
+    return pool->pc && (pool->pc->state[page] & PA_PC_CACHED);
+}
+
 /* Pages an allocation can take now: the free stack and the idle cached pages. */
 static inline int64_t pa_pool_available(const pa_pool *pool) {
     return pool->free_top + (pool->pc ? pool->pc->idle : 0);
@@ -92,8 +98,9 @@ static inline int64_t pa_pool_available(const pa_pool *pool) {
 
 /* prefix_cache.c: an idle cached page leaves the cache for reuse (the list
  * must not be empty); a cached page whose last holder released it joins the
- * list; pages of s from index `from` on that are cached leave the cache (s is
- * cut back into them); the cache's part of pa_pool_validate. */
+ * list; pages of s from index `from` on that are cached leave the cache (they
+ * are s's reserved pages: written without a copy); the cache's part of
+ * pa_pool_validate. */
 int32_t pa_prefix_evict(pa_pool *pool);
 void pa_prefix_release(pa_pool *pool, int32_t page);
 void pa_prefix_uncache_from(pa_pool *pool, const pa_seq *s, int64_t from);
@@ -133,15 +140,17 @@ static inline int32_t pa_pool_pages_for(const pa_pool *pool, int64_t tokens) {
 }
 
 /* Pages to take from the pool to write n more tokens into s (n > 0), and
- * whether its partial last page is shared (so it must be copied first). */
+ * whether its partial last page is shared or cached (so it must be copied
+ * first). */
 static inline int64_t pa_seq_plan(const pa_pool *pool, const pa_seq *s, int64_t n, bool *cow) {
     *cow = false;
     if (n <= 0) return 0;
     int64_t fresh = pa_pages_for(s->len + n, pool->page_size) - s->num_pages;
     if (fresh < 0) fresh = 0;
-    if (s->len % pool->page_size != 0 &&
-        pool->refcount[s->pages[s->len / pool->page_size]] > 1)
-        *cow = true;
+    if (s->len % pool->page_size != 0) {
+        const int32_t last = s->pages[s->len / pool->page_size];
+        if (pool->refcount[last] > 1 || pa_pool_page_cached(pool, last)) *cow = true;
+    }
     return fresh + (*cow ? 1 : 0);
 }
 

@@ -224,6 +224,7 @@ int64_t pa_pool_prefix_lookup(const pa_pool *pool, int64_t n, const uint64_t *ha
 }
 
 static pa_status live_seq(pa_context *ctx, pa_pool *pool, int32_t id, pa_seq **out) {
+    *out = NULL;
     if (!pool) return pa_fail(ctx, PA_ERR_ARGUMENT, "pool: NULL");
     *out = pa_pool_seq(pool, id);
     if (!*out) return pa_fail(ctx, PA_ERR_ARGUMENT, "seq: %d is not a live sequence of this pool (freed, or never created)", id);
@@ -233,7 +234,7 @@ static pa_status live_seq(pa_context *ctx, pa_pool *pool, int32_t id, pa_seq **o
 
 pa_status pa_seq_prefix_attach(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t n,
                                const uint64_t *hashes, int64_t *matched) {
-    pa_seq *s;
+    pa_seq *s = NULL;
     pa_status st = live_seq(ctx, pool, seq, &s);
     if (st) return st;
     if (n < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %lld is negative", (long long)n);
@@ -265,7 +266,7 @@ pa_status pa_seq_prefix_attach(pa_context *ctx, pa_pool *pool, int32_t seq, int6
 
 pa_status pa_seq_prefix_insert(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t first, int64_t n,
                                const uint64_t *hashes, int64_t *inserted) {
-    pa_seq *s;
+    pa_seq *s = NULL;
     pa_status st = live_seq(ctx, pool, seq, &s);
     if (st) return st;
     if (first < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "first: %lld is negative", (long long)first);
@@ -341,13 +342,15 @@ pa_status pa_prefix_validate(pa_context *ctx, const pa_pool *pool, const int32_t
     }
     if (prev != pc->tail) BAD("the idle list ends at %d, its tail is %d", prev, pc->tail);
     if (idle != pc->idle) BAD("%lld idle pages on the list, counted %lld", (long long)idle, (long long)pc->idle);
-    /* a cached page is never written: full in every sequence that holds it */
+    /* a cached page is never written: a sequence's writes go to its partial
+     * last page (copied first when cached) and to its reserved pages, which
+     * must not be cached */
     for (int32_t i = 0; i < pool->seq_cap; i++) {
         const pa_seq *s = &pool->seqs[i];
         if (s->id < 0) continue;
-        for (int32_t j = 0; j < s->num_pages; j++)
-            if ((pc->state[s->pages[j]] & PA_PC_CACHED) && ((int64_t)j + 1) * pool->page_size > s->len)
-                BAD("page %d (page %d of sequence %d, %lld tokens) is cached but not full", s->pages[j], j, s->id,
+        for (int32_t j = (int32_t)pa_pages_for(s->len, pool->page_size); j < s->num_pages; j++)
+            if (pc->state[s->pages[j]] & PA_PC_CACHED)
+                BAD("page %d (reserved page %d of sequence %d, %lld tokens) is cached", s->pages[j], j, s->id,
                     (long long)s->len);
     }
 #undef BAD
