@@ -391,6 +391,7 @@ function M.run(o)
     check = checker and { steps = checker.steps, worst = checker.worst, ratio = checker.worst_ratio,
                           failed = check_fail_at or (e.check_failed and { step = -1 }) or nil } or nil,
     Hq_run = Hq_run, Hk_run = Hk_run, attn_scale = attn_scale, clock = clock_kind, step_s = step_s,
+    step_host = step_host, -- seconds of host time of each step
   }
 
   if e.shared_prefix then e.shared_prefix.seq:free() end

@@ -234,14 +234,15 @@ function Engine:preempt(req)
   check_req(self, req, "preempt")
   if not req.seq then error("serve: engine:preempt: req: request " .. tostring(req.id) .. " is not running", 2) end
   if req.scheduled then -- scheduled already this step: take it back
-    for i = 1, self.nlist do
-      if self.list[i] == req then
-        table.remove(self.list, i)
+    local list, n = self.list, self.nlist
+    for i = 1, n do
+      if list[i] == req then
+        for j = i, n - 1 do list[j] = list[j + 1] end
         break
       end
     end
-    self.list[self.nlist] = nil
-    self.nlist = self.nlist - 1
+    list[n] = nil
+    self.nlist = n - 1
     self.step_tokens = self.step_tokens - req.scheduled
     req.scheduled = nil
     local pages = 0
@@ -326,9 +327,7 @@ end
 -- One step's policy pass: resets the step, lets the policy schedule, and
 -- checks that it kept the lists whole. Returns the number scheduled.
 function Engine:plan(policy)
-  local list = self.list
-  for i = 1, self.nlist do list[i] = nil end
-  self.nlist, self.step_pages, self.step_tokens = 0, 0, 0
+  self.nlist, self.step_pages, self.step_tokens = 0, 0, 0 -- (list entries past nlist are stale)
   local nr, nw = #self.running, #self.waiting
   policy.step(self)
   if #self.running + #self.waiting ~= nr + nw then
