@@ -130,6 +130,9 @@ function M.parse_args(argv)
     i = i + 1
   end
   if o.help then return o end
+  if o.summary_out and not pcall(require, "dkjson") then
+    usage("--summary-out needs the JSON library dkjson (Debian: apt-get install lua-dkjson; scripts/setup does)")
+  end
   local size = o.size or (set.trace and "trace" or "small")
   local preset = M.SIZES[size]
   if not preset then usage("--size must be small, medium or large") end
@@ -189,8 +192,10 @@ local function print_report(res, o)
     if steps_clock then return string.format("%.1f ms (%.1f steps)", v, v / run.step_ms) end
     return string.format("%.1f ms", v)
   end
-  print(string.format("serve: done: %d requests in %d steps; %.2f s of %s time, %.2f s wall (%.2f s attention)",
-    s.requests, run.steps, run.modelled_s, steps_clock and "steps-clock" or "modelled", run.wall_s, r.attn_wall_s))
+  print(string.format("serve: done: %d requests in %d steps; %.2f s of %s busy time (%.1f steps/s), " ..
+    "%.2f s wall (%.1f steps/s; %.2f s in attention)", s.requests, run.steps, run.modelled_s,
+    steps_clock and "steps-clock" or "modelled", run.steps / math.max(run.modelled_s, 1e-12), run.wall_s,
+    run.steps / math.max(run.wall_s, 1e-12), r.attn_wall_s))
   local tp = s.throughput
   print(string.format("  throughput   %.2f requests/s, %.0f output tokens/s (%d prefill tokens, of which %d recomputed; %d decode)",
     tp.requests_per_s or 0, tp.output_tokens_per_s or 0, run.prefill_tokens, run.recomputed_tokens, run.decode_tokens))
