@@ -12,6 +12,11 @@
  *   - Handles are opaque. Each create/open has a destroy/release that accepts NULL.
  *   - Indices, positions and page ids are 0-based; element offsets are 64-bit.
  *   - Long argument lists travel as a params struct passed by pointer.
+ *   - Threads: one pa_context per thread. Devices may be shared, and so may
+ *     tensors that every thread only reads (an attention call writes only
+ *     out, softmax_lse, and the caches when it appends); a tensor written by
+ *     one thread must not be used by another at the same time; a pool, its
+ *     sequences and batches belong to one thread at a time.
  *
  * The block between PA_API_BEGIN and PA_API_END is read verbatim by the Lua
  * bindings (ffi.cdef): keep it free of preprocessor lines and macros.
@@ -50,6 +55,12 @@ typedef enum pa_device_kind {
     PA_DEVICE_CPU = 0,
     PA_DEVICE_CUDA = 1
 } pa_device_kind;
+
+/* The longest sequence: the most keys (cache_seqlens + new tokens, or
+ * seqused_k) and the most queries of one sequence in an attention call, and
+ * the most tokens of a pool's sequence. 2^30, so that every per-sequence
+ * position, and a position plus a tile, fits an int32 on every backend. */
+enum { PA_MAX_SEQLEN = 1073741824 };
 
 typedef struct pa_context pa_context; /* error messages; one per thread of use */
 typedef struct pa_device pa_device;   /* refcounted; tensors hold a reference */
@@ -155,8 +166,10 @@ pa_status pa_tensor_fill_randn(pa_context *ctx, pa_tensor *t, uint64_t seed);
  *    seqused_k i32 [B] (keys attended, after any append); optional k, v
  *    [total_q, Hk, D] appended at seqused_k - seqlen_q; out like q;
  *    softmax_lse f32 [H, total_q].
- * Optional tensors are NULL when absent. Zero-initialise the struct and set
- * what you need (pa_attention_params_init does that with the defaults). */
+ * Optional tensors are NULL when absent. Start from pa_attention_params_init
+ * (the defaults: no window, default scale, interleaved rotary, keys = the
+ * cache's capacity) and set what you need. Per sequence, at most
+ * PA_MAX_SEQLEN keys and queries. */
 typedef struct pa_attention_params {
     const pa_tensor *q;
     pa_tensor *k_cache;
@@ -183,7 +196,8 @@ typedef struct pa_attention_params {
     int32_t window_right;     /* -1 = unbounded */
     int32_t rotary_interleaved; /* 1 = GPT-J pairs (2i, 2i+1), 0 = GPT-NeoX */
     int32_t num_splits;       /* 0 = choose */
-    float softmax_scale;      /* 0 = head_dim^-0.5 */
+    float softmax_scale;      /* NaN (pa_attention_params_init) = head_dim^-0.5;
+                                 any other finite value is used as given */
     float softcap;            /* 0 = off */
 } pa_attention_params;
 
@@ -271,7 +285,8 @@ pa_status pa_seq_free(pa_context *ctx, pa_pool *pool, int32_t seq);
 int64_t pa_seq_len(const pa_pool *pool, int32_t seq);
 int64_t pa_seq_num_pages(const pa_pool *pool, int32_t seq); /* held, incl. reserved */
 /* Pages that reserve(n) or append(n) would take from the pool now
- * (new pages + 1 if a shared partial page must be copied). */
+ * (new pages + 1 if a shared partial page must be copied); -1 when seq is
+ * not live, n < 0, or n more tokens would pass PA_MAX_SEQLEN. */
 int64_t pa_seq_pages_needed(const pa_pool *pool, int32_t seq, int64_t n);
 /* Copies up to cap page ids into dst; returns how many the sequence holds
  * (-1 if not live). */

@@ -8,7 +8,9 @@ local core = require "pagedattn.core"
 local T = require "pagedattn.tensor"
 
 local C, ctx, check = core.C, core.ctx, core.check
-local is_tensor = T.is_tensor
+local is_tensor, live = T.is_tensor, T.live
+local floor = math.floor
+local INT32_MAX = 2147483647
 
 local M = {}
 
@@ -28,6 +30,23 @@ local function argerr(fname, name, msg)
   core.raise("pagedattn." .. fname .. ": " .. name .. ": " .. msg)
 end
 
+-- A whole number in [lo, INT32_MAX] (the C field is an int32), or an error
+-- naming the option with the value as given.
+local function int32_opt(fname, name, v, lo)
+  if type(v) ~= "number" or v ~= floor(v) or v < lo or v > INT32_MAX then
+    argerr(fname, name, "expected a whole number in [" .. lo .. ", 2^31 - 1], got " .. tostring(v))
+  end
+  return v
+end
+
+-- An i32 element given in a Lua array: a whole number in int32's range.
+local function index_value(fname, name, v, where)
+  if type(v) ~= "number" or v ~= floor(v) or v < -2147483648 or v > INT32_MAX then
+    argerr(fname, name, where .. " is " .. tostring(v) .. ", not a whole number in int32's range")
+  end
+  return v
+end
+
 -- Lua arrays given for small index tensors become tensors on q's device.
 local function as_tensor(fname, name, value, kind, device)
   if is_tensor(value) then return value end
@@ -43,9 +62,19 @@ local function as_tensor(fname, name, value, kind, device)
     local flat = {}
     for r = 1, rows do
       local row = value[r]
-      for c = 1, width do flat[(r - 1) * width + c] = row[c] or 0 end
+      for c = 1, width do
+        local v = row[c]
+        flat[(r - 1) * width + c] = v == nil and 0 or index_value(fname, name, v, "row " .. r .. " entry " .. c)
+      end
     end
     return T.from_table(flat, { rows, width }, "i32", device)
+  end
+  if kind ~= "f32" then
+    for i = 1, #value do index_value(fname, name, value[i], "element " .. i) end
+  else
+    for i = 1, #value do
+      if type(value[i]) ~= "number" then argerr(fname, name, "element " .. i .. " is " .. type(value[i]) .. ", not a number") end
+    end
   end
   return T.from_table(value, { #value }, kind == "f32" and "f32" or "i32", device)
 end
@@ -73,13 +102,13 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
 
   C.pa_attention_params_init(params)
   local p = params
-  p.q, p.k_cache, p.v_cache = q.handle, k_cache.handle, v_cache.handle
+  p.q, p.k_cache, p.v_cache = live(q, fname, "q"), live(k_cache, fname, "k_cache"), live(v_cache, fname, "v_cache")
   local function tensor_opt(name)
     local value = opts[name]
     if value == nil then return nil end
     local t = as_tensor(fname, name, value, allowed[name], q.device)
     keep[#keep + 1] = t
-    return t.handle
+    return live(t, fname, name)
   end
   p.k, p.v = tensor_opt("k"), tensor_opt("v")
   p.rotary_cos, p.rotary_sin = tensor_opt("rotary_cos"), tensor_opt("rotary_sin")
@@ -88,12 +117,12 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
   p.alibi_slopes = tensor_opt("alibi_slopes")
   if varlen then
     p.cu_seqlens_q, p.seqused_k = tensor_opt("cu_seqlens_q"), tensor_opt("seqused_k")
-    if opts.max_seqlen_q then p.max_seqlen_q = opts.max_seqlen_q end
+    if opts.max_seqlen_q then p.max_seqlen_q = int32_opt(fname, "max_seqlen_q", opts.max_seqlen_q, 0) end
   else
     local cs = opts.cache_seqlens
     if type(cs) == "number" then
-      if cs < 0 or cs ~= math.floor(cs) then
-        argerr(fname, "cache_seqlens", "expected a whole number >= 0, got " .. cs)
+      if cs < 0 or cs ~= floor(cs) or cs > 2^62 then
+        argerr(fname, "cache_seqlens", "expected a whole number >= 0, got " .. tostring(cs))
       end
       p.cache_seqlen = cs
     elseif cs ~= nil then
@@ -107,17 +136,29 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
     if type(w) ~= "table" or type(w[1]) ~= "number" or type(w[2]) ~= "number" then
       argerr(fname, "window_size", "expected {left, right} (numbers, -1 = unbounded)")
     end
-    p.window_left, p.window_right = w[1], w[2]
+    p.window_left = int32_opt(fname, "window_size: left", w[1], -1)
+    p.window_right = int32_opt(fname, "window_size: right", w[2], -1)
   end
-  if opts.softmax_scale then p.softmax_scale = opts.softmax_scale end
-  if opts.softcap then p.softcap = opts.softcap end
-  if opts.num_splits then p.num_splits = opts.num_splits end
+  if opts.softmax_scale then
+    -- (a float field: a finite number beyond its range would arrive as inf)
+    if opts.softmax_scale ~= opts.softmax_scale or math.abs(opts.softmax_scale) > 3.4028234663852886e38 then
+      argerr(fname, "softmax_scale", tostring(opts.softmax_scale) .. " is not a finite float")
+    end
+    p.softmax_scale = opts.softmax_scale
+  end
+  if opts.softcap then
+    if not (opts.softcap >= 0 and opts.softcap <= 3.4028234663852886e38) then
+      argerr(fname, "softcap", tostring(opts.softcap) .. " must be a finite float >= 0")
+    end
+    p.softcap = opts.softcap
+  end
+  if opts.num_splits then p.num_splits = int32_opt(fname, "num_splits", opts.num_splits, 0) end
 
   local out = opts.out
   if not out then
     out = T.new_tensor(q.shape, q.dtype, q.device, fname)
   end
-  p.out = out.handle
+  p.out = live(out, fname, "out")
   local lse
   if opts.return_softmax_lse then
     local H = q.shape[#q.shape - 1]

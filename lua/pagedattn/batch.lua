@@ -303,9 +303,15 @@ function Batch:append_kv(k, v, opts)
   return true
 end
 
--- Frees the staging buffers (the views become invalid).
+-- Frees the staging buffers. The views (b.block_table, ...) die with them:
+-- using one afterwards is an error naming it.
 function Batch:close()
   if self.handle == nil then return end
+  for _, f in ipairs(FIELDS) do
+    local view = self[f[1]]
+    view.handle = nil
+    view.dead = "its batch was closed"
+  end
   C.pa_batch_destroy(ffi.gc(self.handle, nil))
   self.handle = nil
   self.staged = false

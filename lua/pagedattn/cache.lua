@@ -111,7 +111,10 @@ function M.kv_cache(opts)
 
   local L = #ks
   local kp, vp = tensor_ptrs(L > 0 and L or 1), tensor_ptrs(L > 0 and L or 1)
-  for i = 1, L do kp[i - 1], vp[i - 1] = ks[i].handle, vs[i].handle end
+  for i = 1, L do
+    kp[i - 1] = T.live(ks[i], F, "k_caches[" .. i .. "]")
+    vp[i - 1] = T.live(vs[i], F, "v_caches[" .. i .. "]")
+  end
   C.pa_pool_params_init(params)
   params.num_pages = opts.num_pages or 0
   params.page_size = opts.page_size or 0
@@ -121,6 +124,11 @@ function M.kv_cache(opts)
   params.k_caches, params.v_caches = nil, nil
   if not ok then return nil, err end
   local handle = ffi.gc(pool_box[0], C.pa_pool_destroy)
+  -- the pool borrows the tensors: t:free() must not pull them from under it
+  for i = 1, L do
+    ks[i].held_by = (ks[i].held_by or 0) + 1
+    vs[i].held_by = (vs[i].held_by or 0) + 1
+  end
   local first = ks[1]
   local self = setmetatable({
     handle = handle,
@@ -155,6 +163,10 @@ function Cache:close()
   for b in pairs(self.batches) do b:close() end
   C.pa_pool_destroy(ffi.gc(self.handle, nil))
   self.handle = nil
+  for i = 1, self.layers do
+    self.k_caches[i].held_by = self.k_caches[i].held_by - 1
+    self.v_caches[i].held_by = self.v_caches[i].held_by - 1
+  end
 end
 
 -- Statistics as a table (into `t` when given, to avoid an allocation):

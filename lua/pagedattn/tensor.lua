@@ -108,6 +108,51 @@ local tensor_box = ffi.new("pa_tensor*[1]")
 local function is_tensor(x) return getmetatable(x) == Tensor end
 M.is_tensor = is_tensor
 
+-- The handle of a tensor that is still alive, or an error naming the
+-- argument: a tensor released by t:free(), or a batch's view after its batch
+-- (or cache) was closed, must not reach the C library.
+local function live(t, fname, name)
+  local h = t.handle
+  if h == nil then raise("pagedattn." .. fname .. ": " .. name .. ": " .. (t.dead or "freed")) end
+  return h
+end
+M.live = live
+
+---------------------------------------------------------------------------
+-- native memory the collector cannot see
+--
+-- A tensor is a few bytes of Lua heap in front of up to gigabytes of native
+-- memory, so the collector alone lets dropped tensors pile up until
+-- allocations fail. The bytes of live tensors are counted per device; when
+-- they pass the device's limit a full collection runs (the finalizers free
+-- whatever is unreachable) and the limit becomes twice what is still live,
+-- at least GC_MIN (Torch7's heap tracking did the same). An allocation that
+-- fails for want of memory collects and tries once more.
+local GC_MIN = 256 * 1024 * 1024
+local native = {} -- device name -> { live = bytes, limit = bytes, collections = n }
+
+local function native_of(dev)
+  local n = native[dev.name]
+  if not n then
+    n = { live = 0, limit = GC_MIN, collections = 0 }
+    native[dev.name] = n
+  end
+  return n
+end
+
+local function collect(n)
+  collectgarbage("collect")
+  n.collections = n.collections + 1
+  n.limit = math.max(GC_MIN, 2 * n.live)
+end
+
+-- Bytes of live tensors on a device (made by this Lua state), its current
+-- limit and how many collections the accounting asked for.
+function M.native_memory(dev)
+  local n = native_of(dev)
+  return { live = n.live, limit = n.limit, collections = n.collections }
+end
+
 local function check_shape(shape, fname)
   if type(shape) ~= "table" then
     raise("pagedattn." .. fname .. ": shape: expected a table of sizes, got " .. type(shape))
@@ -135,23 +180,56 @@ local function check_dtype(dtype, fname)
   return dtype, code
 end
 
+local OUT_OF_MEMORY = 2
+
 local function new_tensor(shape, dtype, dev, fname)
   local numel = check_shape(shape, fname)
   local code
   dtype, code = check_dtype(dtype, fname)
   dev = resolve_device(dev, fname)
   for i = 1, #shape do shape_buf[i - 1] = shape[i] end
-  local ok, err = check(C.pa_tensor_create(ctx, dev.handle, code, #shape, shape_buf, tensor_box),
-                        fname, 3)
+  local bytes = numel * tonumber(C.pa_dtype_size(code))
+  local n = native_of(dev)
+  if n.live + bytes > n.limit then collect(n) end
+  local st = C.pa_tensor_create(ctx, dev.handle, code, #shape, shape_buf, tensor_box)
+  if st == OUT_OF_MEMORY then
+    collect(n)
+    st = C.pa_tensor_create(ctx, dev.handle, code, #shape, shape_buf, tensor_box)
+  end
+  local ok, err = check(st, fname, 3)
   if not ok then return nil, err end
+  n.live = n.live + bytes
   local copy = {}
   for i = 1, #shape do copy[i] = shape[i] end
   return setmetatable({
-    handle = ffi.gc(tensor_box[0], C.pa_tensor_destroy),
-    shape = copy, dtype = dtype, device = dev, numel = numel,
+    handle = ffi.gc(tensor_box[0], function(h)
+      n.live = n.live - bytes
+      C.pa_tensor_destroy(h)
+    end),
+    shape = copy, dtype = dtype, device = dev, numel = numel, nbytes = bytes,
   }, Tensor)
 end
 M.new_tensor = new_tensor
+
+-- Releases the tensor's memory now, instead of when the collector finds it
+-- unreachable; using it afterwards is an error. Freeing twice is harmless.
+-- (A batch's views belong to the batch: close the batch instead.)
+function Tensor:free()
+  if self.owner then
+    raise("pagedattn.free: tensor: a view owned by its batch (b:close() releases it)")
+  end
+  if (self.held_by or 0) > 0 then
+    raise("pagedattn.free: tensor: a kv_cache's page pool uses it (cache:close() first)")
+  end
+  local h = self.handle
+  if h == nil then return end
+  self.handle = nil
+  self.dead = "released by t:free()"
+  ffi.gc(h, nil)
+  local n = native_of(self.device)
+  n.live = n.live - (self.nbytes or 0)
+  C.pa_tensor_destroy(h)
+end
 
 -- A zero-filled tensor.
 function M.tensor(shape, dtype, device)
@@ -182,7 +260,7 @@ function M.randn(shape, dtype, device, seed)
   if seed ~= nil and (type(seed) ~= "number" or seed < 0 or seed ~= math.floor(seed)) then
     raise("pagedattn.randn: seed: expected a whole number >= 0, got " .. tostring(seed))
   end
-  local ok, ferr = check(C.pa_tensor_fill_randn(ctx, t.handle, seed or 0), "randn")
+  local ok, ferr = check(C.pa_tensor_fill_randn(ctx, live(t, "randn", "tensor"), seed or 0), "randn")
   if not ok then return nil, ferr end
   return t
 end
@@ -204,7 +282,7 @@ function Tensor:write(values, offset, count)
   else
     buf = values
   end
-  local ok, err = check(C.pa_tensor_write_f64(ctx, self.handle, offset, buf, count), "write")
+  local ok, err = check(C.pa_tensor_write_f64(ctx, live(self, "write", "tensor"), offset, buf, count), "write")
   if not ok then return nil, err end
   return self
 end
@@ -215,7 +293,7 @@ function Tensor:to_table(offset, count)
   offset = offset or 0
   local n = count or (self.numel - offset)
   local buf = ffi.new("double[?]", n > 0 and n or 1)
-  local ok, err = check(C.pa_tensor_read_f64(ctx, self.handle, offset, buf, n), "to_table")
+  local ok, err = check(C.pa_tensor_read_f64(ctx, live(self, "to_table", "tensor"), offset, buf, n), "to_table")
   if not ok then raise(err) end
   local out = {}
   for i = 1, n do out[i] = buf[i - 1] end
@@ -223,7 +301,7 @@ function Tensor:to_table(offset, count)
 end
 
 function Tensor:fill(value)
-  local ok, err = check(C.pa_tensor_fill(ctx, self.handle, value), "fill")
+  local ok, err = check(C.pa_tensor_fill(ctx, live(self, "fill", "tensor"), value), "fill")
   if not ok then raise(err) end
   return self
 end
@@ -231,7 +309,8 @@ end
 -- Copies src (same device, dtype and size) into self.
 function Tensor:copy_from(src)
   if not is_tensor(src) then raise("pagedattn.copy_from: src: expected a tensor") end
-  local ok, err = check(C.pa_tensor_copy(ctx, self.handle, src.handle), "copy_from")
+  local ok, err = check(C.pa_tensor_copy(ctx, live(self, "copy_from", "tensor"), live(src, "copy_from", "src")),
+                        "copy_from")
   if not ok then raise(err) end
   return self
 end
@@ -244,11 +323,11 @@ end
 -- The data's address (device address on a GPU). Writes through it are not
 -- seen by the library: from now on attention downloads this tensor whenever
 -- it reads it as an index tensor (it keeps no host copy of it any more).
-function Tensor:data_ptr() return C.pa_tensor_data(self.handle) end
+function Tensor:data_ptr() return C.pa_tensor_data(live(self, "data_ptr", "tensor")) end
 
 function Tensor:__tostring()
-  return string.format("pagedattn.tensor([%s], %s, %s)", table.concat(self.shape, ", "),
-                       self.dtype, self.device.name)
+  return string.format("pagedattn.tensor([%s], %s, %s%s)", table.concat(self.shape, ", "),
+                       self.dtype, self.device.name, self.handle == nil and ", dead" or "")
 end
 
 return M

@@ -14,6 +14,7 @@
 void pa_attention_params_init(pa_attention_params *p) {
     if (!p) return;
     memset(p, 0, sizeof *p);
+    p->softmax_scale = NAN;
     p->cache_seqlen = -1;
     p->window_left = -1;
     p->window_right = -1;
@@ -168,9 +169,12 @@ static const int64_t *bt_checked_rows(pa_context *ctx, const pa_tensor *bt, cons
 }
 
 /* The checks and derivations both forms share, after the form-specific code has
- * filled batch, seqlen arrays and the q/out/lse layouts. */
+ * filled batch, seqlen arrays and the q/out/lse layouts. Without work (no
+ * query, nothing to append) the per-sequence part is skipped: its arrays
+ * are not there, and a call that reads and writes nothing should not cost
+ * O(batch). */
 static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bool varlen,
-                               pa_attn_problem *pb, scratch *s) {
+                               bool work, pa_attn_problem *pb, scratch *s) {
     const pa_tensor *q = p->q;
     pa_device *dev = q->dev;
     const int32_t B = pb->batch, H = pb->heads, D = pb->head_dim;
@@ -231,7 +235,10 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         pb->bt_stride = bt->shape[1];
         TRY(host_i32(ctx, s, bt, &pb->h_block_table));
         bt_valid = bt_checked_rows(ctx, bt, pb->h_block_table, pb->num_pages);
-        capacity = bt->shape[1] * pb->page_size;
+        /* (saturated: no sequence holds more than PA_MAX_SEQLEN keys, and a
+         * zero-row table may be 2^62 columns wide) */
+        const int64_t cols_max = (PA_MAX_SEQLEN + (int64_t)pb->page_size - 1) / pb->page_size;
+        capacity = (bt->shape[1] < cols_max ? bt->shape[1] : cols_max) * pb->page_size;
     } else {
         if (p->cache_batch_idx) {
             const pa_tensor *cb = p->cache_batch_idx;
@@ -303,6 +310,9 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         int64_t dims2[2] = {rc->shape[0], rc->shape[1]};
         TRY(check_shape(ctx, "rotary_sin", rs, "[seqlen_ro, rotary_dim / 2]", 2, dims2));
         TRY(check_dtype(ctx, "rotary_sin", rs, rc->dtype));
+        if (rc->shape[0] < 1)
+            return pa_fail(ctx, PA_ERR_ARGUMENT,
+                           "rotary_cos: has 0 positions (shape [seqlen_ro, rotary_dim / 2] with seqlen_ro >= 1)");
         if (rc->shape[1] < 1 || 2 * rc->shape[1] > D)
             return pa_fail(ctx, PA_ERR_ARGUMENT,
                            "rotary_cos: rotary_dim = 2 * %lld must be in [2, head dim %d]",
@@ -339,7 +349,7 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         return pa_fail(ctx, PA_ERR_ARGUMENT, "window_size: right is %d (use -1 for unbounded)", p->window_right);
     if (!(p->softcap >= 0) || isinf(p->softcap))
         return pa_fail(ctx, PA_ERR_ARGUMENT, "softcap: %g must be a finite number >= 0", (double)p->softcap);
-    if (!isfinite(p->softmax_scale))
+    if (isinf(p->softmax_scale))
         return pa_fail(ctx, PA_ERR_ARGUMENT, "softmax_scale: %g is not finite", (double)p->softmax_scale);
     if (p->num_splits < 0)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "num_splits: %d must be >= 0", p->num_splits);
@@ -349,36 +359,34 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
     if (pb->causal && p->window_right > 0)
         pb->window_right = 0; /* causal wins, as in flash-attention */
     pb->softcap = p->softcap;
-    pb->scale = p->softmax_scale != 0 ? p->softmax_scale : (float)(1.0 / sqrt((double)D));
+    /* NaN (pa_attention_params_init) asks for the default; 0 and denormals are used as given */
+    pb->scale = isnan(p->softmax_scale) ? (float)(1.0 / sqrt((double)D)) : p->softmax_scale;
     pb->num_splits = p->num_splits;
     pb->rope_q_step = pb->causal || pb->window_left >= 0 || pb->window_right >= 0;
 
     /* per-sequence key lengths, append positions, and the checks that need them */
-    int32_t *seqlen_k = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
-    int32_t *num_new = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
-    int32_t *append_pos = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
-    int64_t *new_row = scratch_alloc(s, sizeof(int64_t) * (size_t)B);
-    if (!seqlen_k || !num_new || !append_pos || !new_row)
-        return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
-
-    const int32_t *h_cache_seqlens = NULL, *h_seqused = NULL;
     if (!varlen && p->cache_seqlens) {
         const pa_tensor *cs = p->cache_seqlens;
         TRY(check_common(ctx, "cache_seqlens", cs, dev));
         TRY(check_dtype(ctx, "cache_seqlens", cs, PA_I32));
         int64_t dims[1] = {B};
         TRY(check_shape(ctx, "cache_seqlens", cs, "[B]", 1, dims));
-        TRY(host_i32(ctx, s, cs, &h_cache_seqlens));
-    }
-    if (varlen) {
-        const pa_tensor *su = p->seqused_k;
-        TRY(host_i32(ctx, s, su, &h_seqused));
     }
     if (!varlen && !p->cache_seqlens && p->cache_seqlen < -1)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "cache_seqlens: %lld is negative", (long long)p->cache_seqlen);
     if (!varlen && p->k && !p->cache_seqlens && p->cache_seqlen < 0)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "cache_seqlens: required when appending k and v (where do they go?)");
+    if (!work) goto outputs;
+    int32_t *seqlen_k = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
+    int32_t *num_new = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
+    int32_t *append_pos = scratch_alloc(s, sizeof(int32_t) * (size_t)B);
+    int64_t *new_row = scratch_alloc(s, sizeof(int64_t) * (size_t)B);
+    if (!seqlen_k || !num_new || !append_pos || !new_row)
+        return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    const int32_t *h_cache_seqlens = NULL, *h_seqused = NULL;
+    if (!varlen && p->cache_seqlens) TRY(host_i32(ctx, s, p->cache_seqlens, &h_cache_seqlens));
+    if (varlen) TRY(host_i32(ctx, s, p->seqused_k, &h_seqused));
 
     int64_t total_new = 0;
     int32_t max_k = 0;
@@ -390,6 +398,10 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
             sk = h_seqused[b];
             if (sk < 0)
                 return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: entry %d is %lld (negative)", b, (long long)sk);
+            if (sk > PA_MAX_SEQLEN)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "seqused_k: entry %d is %lld keys, more than 2^30 (PA_MAX_SEQLEN), the most one sequence holds",
+                               b, (long long)sk);
             before = sk - nn;
             if (before < 0)
                 return pa_fail(ctx, PA_ERR_ARGUMENT,
@@ -411,6 +423,11 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
                 return pa_fail(ctx, PA_ERR_ARGUMENT, "cache_seqlens: entry %d is %lld (negative)",
                                b, (long long)before);
             sk = before + nn;
+            if (sk > PA_MAX_SEQLEN)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "cache_seqlens: sequence %d holds %lld keys + %lld new, more than 2^30 "
+                               "(PA_MAX_SEQLEN), the most one sequence holds",
+                               b, (long long)before, (long long)nn);
             if (sk > capacity)
                 return pa_fail(ctx, PA_ERR_ARGUMENT,
                                "cache_seqlens: sequence %d holds %lld keys + %lld new > capacity "
@@ -450,7 +467,7 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
     pb->max_seqlen_k = max_k;
     pb->total_new = total_new;
 
-    /* outputs */
+outputs:
     if (!p->out) return pa_fail(ctx, PA_ERR_ARGUMENT, "out: missing");
     TRY(check_common(ctx, "out", p->out, dev));
     TRY(check_dtype(ctx, "out", p->out, q->dtype));
@@ -494,14 +511,20 @@ static pa_status check_q(pa_context *ctx, const pa_attention_params *p, int ndim
     for (int i = 0; i < ndim - 2; i++)
         if (q->shape[i] > INT32_MAX)
             return pa_fail(ctx, PA_ERR_ARGUMENT, "q: dimension %d (%lld) exceeds 2^31 - 1", i + 1, (long long)q->shape[i]);
+    if (ndim == 4 && q->shape[1] > PA_MAX_SEQLEN)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "q: %lld queries a sequence, more than 2^30 (PA_MAX_SEQLEN)",
+                       (long long)q->shape[1]);
     return PA_OK;
 }
 
 static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb) {
     if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
-    /* what the kernels write (never i32 today: the checks want float dtypes) */
-    pa_mirror_invalidate(p->k_cache);
-    pa_mirror_invalidate(p->v_cache);
+    /* What the kernels write: the caches only when appending. A read-only
+     * input is never written, so threads may share it (pagedattn.h). */
+    if (pb->total_new > 0) {
+        pa_mirror_invalidate(p->k_cache);
+        pa_mirror_invalidate(p->v_cache);
+    }
     pa_mirror_invalidate(p->out);
     pa_mirror_invalidate(p->softmax_lse);
     return pb->dev->ops->attention(ctx, pb);
@@ -526,14 +549,16 @@ pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *
     pb.max_seqlen_q = Sq;
     pb.q = q->data;
     pb.lse_head_stride = Sq;
-    int32_t *sq = scratch_alloc(&s, sizeof(int32_t) * (size_t)B);
-    int64_t *qs = scratch_alloc(&s, sizeof(int64_t) * (size_t)B);
-    int64_t *ls = scratch_alloc(&s, sizeof(int64_t) * (size_t)B);
+    /* work: a query, or a new token to append (k's shape is checked later) */
+    const bool work = (int64_t)B * Sq > 0 || (p->k && p->k->ndim == 4 && p->k->shape[0] > 0 && p->k->shape[1] > 0);
+    int32_t *sq = work ? scratch_alloc(&s, sizeof(int32_t) * (size_t)B) : NULL;
+    int64_t *qs = work ? scratch_alloc(&s, sizeof(int64_t) * (size_t)B) : NULL;
+    int64_t *ls = work ? scratch_alloc(&s, sizeof(int64_t) * (size_t)B) : NULL;
     pa_status st = PA_OK;
-    if (!sq || !qs || !ls) {
+    if (work && (!sq || !qs || !ls)) {
         st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
     } else {
-        for (int32_t b = 0; b < B; b++) {
+        for (int32_t b = 0; work && b < B; b++) {
             sq[b] = Sq;
             qs[b] = (int64_t)b * Sq;
             ls[b] = (int64_t)b * pb.heads * Sq;
@@ -541,8 +566,8 @@ pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *
         pb.h_seqlen_q = sq;
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
-        st = build_problem(ctx, p, false, &pb, &s);
-        if (st == PA_OK) st = run(ctx, p, &pb);
+        st = build_problem(ctx, p, false, work, &pb, &s);
+        if (st == PA_OK && work) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
     return st;
@@ -598,6 +623,10 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
         if (len < 0)
             st = pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: decreases at entry %d (%d after %d)",
                          b + 1, h_cu[b + 1], h_cu[b]);
+        else if (len > PA_MAX_SEQLEN)
+            st = pa_fail(ctx, PA_ERR_ARGUMENT,
+                         "cu_seqlens_q: sequence %d has %lld queries, more than 2^30 (PA_MAX_SEQLEN)", b,
+                         (long long)len);
         sq[b] = (int32_t)len;
         qs[b] = h_cu[b];
         ls[b] = h_cu[b];
@@ -616,8 +645,8 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
         pb.h_seqlen_q = sq;
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
-        st = build_problem(ctx, p, true, &pb, &s);
-        if (st == PA_OK) st = run(ctx, p, &pb);
+        st = build_problem(ctx, p, true, pb.total_q > 0, &pb, &s);
+        if (st == PA_OK && pb.total_q > 0) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
     return st;

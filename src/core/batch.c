@@ -19,16 +19,26 @@
 
 #define ALIGN_ELEMS 16 /* each array starts on a 64-byte boundary */
 
+/* One entry of a stage's plan (scratch: a failed stage may leave it half
+ * written, so nothing here is needed after the stage returns). */
 typedef struct entry {
     pa_seq *seq;
     int32_t fresh;        /* new pages */
     int32_t cow_page;     /* the copy of its shared partial page, or -1 */
-    int32_t before_len;   /* for unstage */
-    int32_t before_pages;
     int32_t num_new;
     int32_t pages_after;  /* pages holding its tokens after the step */
     bool cow;
 } entry;
+
+/* What pa_batch_unstage needs of an entry of the last successful stage:
+ * written only when a stage commits, so a failed stage cannot spoil it. */
+typedef struct undo_entry {
+    int32_t id;
+    int32_t before_len;
+    int32_t before_pages;
+    int32_t num_new;
+    int32_t fresh;
+} undo_entry;
 
 struct pa_batch {
     pa_pool *pool;
@@ -37,9 +47,10 @@ struct pa_batch {
     int32_t *host_buf; /* staging copy when the device is not host-accessible */
     size_t cap_elems;
     pa_tensor views[PA_BATCH_NUM_FIELDS];
-    entry *entries;
-    int32_t *staged_ids;
+    entry *entries;   /* the plan of the stage in progress */
+    undo_entry *undo; /* the last successful stage, for pa_batch_unstage */
     int32_t entry_cap;
+    int32_t undo_cap;
     int32_t staged_n; /* entries of the last stage; -1 when there is nothing to undo */
     bool csr;         /* write the CSR arrays */
 };
@@ -94,7 +105,7 @@ void pa_batch_destroy(pa_batch *b) {
     }
     free(b->host_buf);
     free(b->entries);
-    free(b->staged_ids);
+    free(b->undo);
     pa_device_release(b->dev);
     free(b);
 }
@@ -112,15 +123,33 @@ static pa_status grow_entries(pa_context *ctx, pa_batch *b, int32_t n) {
     entry *e = realloc(b->entries, (size_t)cap * sizeof *e);
     if (!e) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory");
     b->entries = e;
-    int32_t *ids = realloc(b->staged_ids, (size_t)cap * sizeof *ids);
-    if (!ids) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory");
-    b->staged_ids = ids;
     b->entry_cap = (int32_t)cap;
     return PA_OK;
 }
 
-/* Grows the staging buffers to hold `elems` int32; nothing else changes. */
-static pa_status grow_buffer(pa_context *ctx, pa_batch *b, size_t elems) {
+/* Room for the undo record of n entries (the record itself is kept). */
+static pa_status grow_undo(pa_context *ctx, pa_batch *b, int32_t n) {
+    if (n <= b->undo_cap) return PA_OK;
+    undo_entry *u = realloc(b->undo, (size_t)b->entry_cap * sizeof *u);
+    if (!u) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: out of host memory");
+    b->undo = u;
+    b->undo_cap = b->entry_cap;
+    return PA_OK;
+}
+
+/* New staging buffers, made by prepare_buffer and put in place by
+ * install_buffer once the stage can no longer fail: until then the views of
+ * the last stage keep reading the old ones. */
+typedef struct buffer_swap {
+    void *dev_buf;
+    int32_t *host_buf;
+    size_t cap;
+} buffer_swap;
+
+/* Makes buffers for `elems` int32 when the current ones are smaller, and
+ * waits for queued kernels (which may read the old buffer, freed at install). */
+static pa_status prepare_buffer(pa_context *ctx, pa_batch *b, size_t elems, buffer_swap *sw) {
+    memset(sw, 0, sizeof *sw);
     if (elems <= b->cap_elems) return PA_OK;
     if (elems > SIZE_MAX / 2 / sizeof(int32_t))
         return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "batch: %zu staging elements is too many", elems);
@@ -138,20 +167,32 @@ static pa_status grow_buffer(pa_context *ctx, pa_batch *b, size_t elems) {
         }
     }
     if (b->dev_buf) {
-        /* the old buffer may still be read by queued kernels */
         st = b->dev->ops->synchronize(ctx, b->dev);
         if (st) {
             b->dev->ops->free(b->dev, dbuf);
             free(hbuf);
             return st;
         }
-        b->dev->ops->free(b->dev, b->dev_buf);
     }
-    free(b->host_buf);
-    b->dev_buf = dbuf;
-    b->host_buf = hbuf;
-    b->cap_elems = cap;
+    sw->dev_buf = dbuf;
+    sw->host_buf = hbuf;
+    sw->cap = cap;
     return PA_OK;
+}
+
+static void drop_buffer(pa_batch *b, buffer_swap *sw) {
+    if (sw->dev_buf) b->dev->ops->free(b->dev, sw->dev_buf);
+    free(sw->host_buf);
+    memset(sw, 0, sizeof *sw);
+}
+
+static void install_buffer(pa_batch *b, buffer_swap *sw) {
+    if (!sw->dev_buf) return;
+    if (b->dev_buf) b->dev->ops->free(b->dev, b->dev_buf);
+    free(b->host_buf);
+    b->dev_buf = sw->dev_buf;
+    b->host_buf = sw->host_buf;
+    b->cap_elems = sw->cap;
 }
 
 static size_t align_up(size_t n) { return (n + ALIGN_ELEMS - 1) & ~(size_t)(ALIGN_ELEMS - 1); }
@@ -175,11 +216,12 @@ static void set_view(pa_batch *b, pa_batch_field f, size_t off, int64_t d0, int6
     pa_mirror_changed(t); /* new contents, in the same tensor as last step's */
 }
 
-/* Returns the sequences of entries [0, n) to their state before the stage. */
+/* Returns the sequences of the undo record's first n entries to their state
+ * before the stage. */
 static void rollback(pa_batch *b, int32_t n) {
     for (int32_t i = n - 1; i >= 0; i--) {
-        entry *e = &b->entries[i];
-        pa_seq_shrink(b->pool, e->seq, e->before_len, e->before_pages);
+        const undo_entry *u = &b->undo[i];
+        pa_seq_shrink(b->pool, pa_pool_seq(b->pool, u->id), u->before_len, u->before_pages);
     }
 }
 
@@ -192,6 +234,7 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
     pa_pool *pool = b->pool;
     const int32_t ps = pool->page_size;
     pa_status st = grow_entries(ctx, b, n);
+    if (st == PA_OK) st = grow_undo(ctx, b, n);
     if (st) return st;
 
     /* 1. validate and plan: which pages each entry takes, and the shapes */
@@ -211,7 +254,7 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         if (nn < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: entry %d is %d (negative)", i, nn);
         const int64_t len = s->len, end = len + nn;
         if (end > PA_MAX_SEQ_LEN)
-            return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: entry %d: %d more tokens make sequence %d longer than 2^31 - 1",
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: entry %d: %d more tokens make sequence %d longer than 2^30 (PA_MAX_SEQLEN)",
                            i, nn, seqs[i]);
         const int32_t pages_after = pa_pool_pages_for(pool, end);
         entry *e = &b->entries[i];
@@ -268,17 +311,19 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         total += align_up(len_of[f]);
     }
 
-    /* 2. everything that can fail, before anything moves. From here the host
-     * buffer may be replaced or rewritten: the views lose their mirrors (and
-     * read the device) until set_view below. */
-    views_drop_mirrors(b);
-    st = grow_buffer(ctx, b, total);
+    /* 2. everything that can fail, before anything moves (the last stage's
+     * views, their mirrors and its undo record stay as they were) */
+    buffer_swap sw;
+    st = prepare_buffer(ctx, b, total, &sw);
     if (st) return st;
     for (int32_t i = 0; i < n; i++) {
         entry *e = &b->entries[i];
         if (e->fresh > 0) {
             st = pa_seq_ensure_cap(ctx, e->seq, (int64_t)e->seq->num_pages + e->fresh);
-            if (st) return st;
+            if (st) {
+                drop_buffer(b, &sw);
+                return st;
+            }
         }
     }
     for (int32_t i = 0; i < n && cows > 0; i++) {
@@ -291,11 +336,16 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         if (st) {
             for (int32_t j = i; j >= 0; j--) /* reverse order restores the stack */
                 if (b->entries[j].cow_page >= 0) pa_pool_push_page(pool, b->entries[j].cow_page);
+            drop_buffer(b, &sw);
             return st;
         }
     }
 
-    /* 3. commit (cannot fail) and write the arrays, in one pass */
+    /* 3. commit (cannot fail) and write the arrays, in one pass; the host
+     * buffer is rewritten, so the views lose their mirrors (and read the
+     * device) until set_view below */
+    views_drop_mirrors(b);
+    install_buffer(b, &sw);
     int32_t *base = b->dev->host_accessible ? (int32_t *)b->dev_buf : b->host_buf;
     int32_t *bt = base + off[PA_BATCH_BLOCK_TABLE];
     int32_t *cache_seqlens = base + off[PA_BATCH_CACHE_SEQLENS];
@@ -314,8 +364,12 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         entry *e = &b->entries[i];
         pa_seq *s = e->seq;
         const int32_t before = (int32_t)s->len, nn = e->num_new, pages = e->pages_after;
-        e->before_len = before;
-        e->before_pages = s->num_pages;
+        undo_entry *u = &b->undo[i];
+        u->id = seqs[i];
+        u->before_len = before;
+        u->before_pages = s->num_pages;
+        u->num_new = nn;
+        u->fresh = e->fresh;
         if (e->cow_page >= 0) {
             int32_t *slot = &s->pages[pa_page_index(pool, before)];
             const int32_t old = *slot;
@@ -331,7 +385,6 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         }
         const int32_t after = before + nn;
         s->len = after;
-        b->staged_ids[i] = seqs[i];
 
         cache_seqlens[i] = before;
         seqused[i] = after;
@@ -361,6 +414,14 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         if (st) {
             rollback(b, n);
             b->staged_n = -1;
+            /* the old buffer may be gone: the views hold nothing until a stage succeeds */
+            for (int f = 0; f < PA_BATCH_NUM_FIELDS; f++) {
+                pa_tensor *t = &b->views[f];
+                t->data = NULL;
+                t->numel = 0;
+                t->bytes = 0;
+                t->shape[0] = 0;
+            }
             return pa_fail_prefix(ctx, st, "batch: uploading the staged tables");
         }
     }
@@ -393,16 +454,14 @@ pa_status pa_batch_unstage(pa_context *ctx, pa_batch *b) {
     if (b->staged_n < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: nothing staged to undo");
     /* check first, so that a refusal changes nothing */
     for (int32_t i = 0; i < b->staged_n; i++) {
-        const entry *e = &b->entries[i];
-        const pa_seq *s = pa_pool_seq(b->pool, b->staged_ids[i]);
-        if (!s || s->len != (int64_t)e->before_len + e->num_new ||
-            s->num_pages != e->before_pages + e->fresh)
+        const undo_entry *u = &b->undo[i];
+        const pa_seq *s = pa_pool_seq(b->pool, u->id);
+        if (!s || s->len != (int64_t)u->before_len + u->num_new ||
+            s->num_pages != u->before_pages + u->fresh)
             return pa_fail(ctx, PA_ERR_ARGUMENT,
                            "batch: sequence %d was freed or changed since it was staged; cannot undo the stage",
-                           b->staged_ids[i]);
+                           u->id);
     }
-    /* the slot table may have moved since (sequences created): look them up again */
-    for (int32_t i = 0; i < b->staged_n; i++) b->entries[i].seq = pa_pool_seq(b->pool, b->staged_ids[i]);
     rollback(b, b->staged_n);
     b->staged_n = -1;
     return PA_OK;

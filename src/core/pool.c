@@ -173,8 +173,9 @@ pa_status pa_pool_create(pa_context *ctx, const pa_pool_params *p, pa_pool **out
     pool->seq_cap = INITIAL_SEQ_SLOTS;
     for (int32_t i = 0; i < INITIAL_SEQ_SLOTS; i++) {
         pool->seqs[i].id = -1;
-        pool->free_slots[i] = INITIAL_SEQ_SLOTS - 1 - i;
+        pool->free_slots[i] = i;
     }
+    pool->free_head = 0;
     pool->free_count = INITIAL_SEQ_SLOTS;
     for (int32_t l = 0; l < p->num_layers; l++) {
         pa_cache_pair *c = &pool->layers[l];
@@ -321,6 +322,13 @@ pa_status pa_pool_validate(pa_context *ctx, const pa_pool *pool) {
         BAD("%lld shared pages, counted %lld", (long long)shared, (long long)pool->shared_pages);
     if (pool->free_count + pool->live != pool->seq_cap)
         BAD("%d free slots + %d live sequences != %d slots", pool->free_count, pool->live, pool->seq_cap);
+    if (pool->free_head < 0 || pool->free_head >= pool->seq_cap)
+        BAD("free slot ring starts at %d of %d", pool->free_head, pool->seq_cap);
+    for (int32_t k = 0; k < pool->free_count; k++) {
+        int32_t slot = pool->free_slots[(pool->free_head + k) % pool->seq_cap];
+        if (slot < 0 || slot >= pool->seq_cap || pool->seqs[slot].id != -1)
+            BAD("free slot ring entry %d is slot %d, not a free slot", k, slot);
+    }
     if (pool->pc) st = pa_prefix_validate(ctx, pool, refs, in_stack);
 #undef BAD
 done:
@@ -354,31 +362,44 @@ void pa_seq_shrink(pa_pool *pool, pa_seq *s, int64_t len, int32_t keep_pages) {
     s->len = len;
 }
 
-/* A free slot, growing the slot table when there is none. Does not change
- * anything visible: the slot is only taken by the caller's commit. */
+/* Makes sure a slot can be taken: grows the slot table while fewer than
+ * PA_SEQ_SLOT_QUARANTINE slots are free (so that a freed slot waits behind
+ * at least that many others before its next id), up to PA_SEQ_MAX_SLOTS.
+ * Changes nothing visible: the slot is only taken by the caller's commit. */
 static pa_status reserve_slot(pa_context *ctx, pa_pool *pool) {
-    if (pool->free_count > 0) return PA_OK;
-    if (pool->seq_cap >= PA_SEQ_MAX_SLOTS)
+    if (pool->free_count > PA_SEQ_SLOT_QUARANTINE) return PA_OK;
+    if (pool->seq_cap >= PA_SEQ_MAX_SLOTS) {
+        if (pool->free_count > 0) return PA_OK;
         return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "pool: %d live sequences, the most one pool holds",
                        pool->seq_cap);
+    }
     int32_t cap = pool->seq_cap * 2;
     pa_seq *seqs = realloc(pool->seqs, (size_t)cap * sizeof(pa_seq));
-    if (!seqs) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "pool: out of host memory for sequences");
+    if (!seqs) return pool->free_count > 0 ? PA_OK : pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "pool: out of host memory for sequences");
     pool->seqs = seqs;
-    int32_t *slots = realloc(pool->free_slots, (size_t)cap * sizeof(int32_t));
-    if (!slots) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "pool: out of host memory for sequences");
-    pool->free_slots = slots;
+    int32_t *slots = malloc((size_t)cap * sizeof(int32_t));
+    if (!slots) return pool->free_count > 0 ? PA_OK : pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "pool: out of host memory for sequences");
+    /* the ring in order, oldest first, then the new slots */
+    for (int32_t k = 0; k < pool->free_count; k++)
+        slots[k] = pool->free_slots[(pool->free_head + k) % pool->seq_cap];
     memset(seqs + pool->seq_cap, 0, (size_t)(cap - pool->seq_cap) * sizeof(pa_seq));
-    for (int32_t i = cap - 1; i >= pool->seq_cap; i--) {
+    int32_t count = pool->free_count;
+    for (int32_t i = pool->seq_cap; i < cap; i++) {
         seqs[i].id = -1;
-        pool->free_slots[pool->free_count++] = i;
+        slots[count++] = i;
     }
+    free(pool->free_slots);
+    pool->free_slots = slots;
+    pool->free_head = 0;
+    pool->free_count = count;
     pool->seq_cap = cap;
     return PA_OK;
 }
 
 static pa_seq *take_slot(pa_pool *pool) {
-    int32_t slot = pool->free_slots[--pool->free_count];
+    int32_t slot = pool->free_slots[pool->free_head];
+    pool->free_head = (pool->free_head + 1) % pool->seq_cap;
+    pool->free_count--;
     pa_seq *s = &pool->seqs[slot];
     s->id = (s->gen << PA_SEQ_SLOT_BITS) | slot;
     s->len = 0;
@@ -413,7 +434,7 @@ pa_status pa_seq_fork(pa_context *ctx, pa_pool *pool, int32_t parent, int32_t *o
     s = pa_pool_seq(pool, parent);
     int32_t shared = (int32_t)pa_pages_for(s->len, pool->page_size);
     /* grow the child's page list before taking the slot: a failure then leaves nothing */
-    pa_seq *child = &pool->seqs[pool->free_slots[pool->free_count - 1]];
+    pa_seq *child = &pool->seqs[pool->free_slots[pool->free_head]];
     st = pa_seq_ensure_cap(ctx, child, shared);
     if (st) return st;
     child = take_slot(pool);
@@ -435,7 +456,7 @@ static pa_status seq_write(pa_context *ctx, pa_pool *pool, int32_t id, int64_t n
     if (st) return st;
     if (n < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %lld is negative", (long long)n);
     if (n > PA_MAX_SEQ_LEN - s->len)
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %lld more tokens would make the sequence (%lld tokens) longer than 2^31 - 1",
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %lld more tokens would make the sequence (%lld tokens) longer than 2^30 (PA_MAX_SEQLEN)",
                        (long long)n, (long long)s->len);
     if (n == 0) return PA_OK;
     bool cow;
@@ -502,7 +523,8 @@ pa_status pa_seq_free(pa_context *ctx, pa_pool *pool, int32_t seq) {
     s->id = -1;
     s->gen = (s->gen + 1) % PA_SEQ_GEN_LIMIT;
     s->stamp = 0;
-    pool->free_slots[pool->free_count++] = slot;
+    pool->free_slots[(pool->free_head + pool->free_count) % pool->seq_cap] = slot;
+    pool->free_count++;
     pool->live--;
     return PA_OK;
 }
@@ -519,7 +541,7 @@ int64_t pa_seq_num_pages(const pa_pool *pool, int32_t seq) {
 
 int64_t pa_seq_pages_needed(const pa_pool *pool, int32_t seq, int64_t n) {
     const pa_seq *s = pool ? pa_pool_seq(pool, seq) : NULL;
-    if (!s || n < 0) return -1;
+    if (!s || n < 0 || n > PA_MAX_SEQ_LEN - s->len) return -1;
     bool cow;
     return pa_seq_plan(pool, s, n, &cow);
 }

@@ -15,12 +15,18 @@
 
 #include "internal.h"
 
-/* A sequence id is (generation << PA_SEQ_SLOT_BITS) | slot. */
-#define PA_SEQ_SLOT_BITS 20
+/* A sequence id is (generation << PA_SEQ_SLOT_BITS) | slot: at most 2^16
+ * live sequences a pool, 2^15 generations a slot. Free slots are reused
+ * first in, first out, and only while at least PA_SEQ_SLOT_QUARANTINE of
+ * them are free (the table grows otherwise), so an id comes back only after
+ * 2^15 * 1024 = 2^25 frees at the least: a stale id is reported, not
+ * silently taken for a newer sequence. */
+#define PA_SEQ_SLOT_BITS 16
 #define PA_SEQ_SLOT_MASK ((1 << PA_SEQ_SLOT_BITS) - 1)
 #define PA_SEQ_MAX_SLOTS (1 << PA_SEQ_SLOT_BITS)
 #define PA_SEQ_GEN_LIMIT (1 << (31 - PA_SEQ_SLOT_BITS))
-#define PA_MAX_SEQ_LEN INT32_MAX
+#define PA_SEQ_SLOT_QUARANTINE 1024
+#define PA_MAX_SEQ_LEN PA_MAX_SEQLEN
 
 typedef struct pa_seq {
     int32_t id;        /* -1 while the slot is free */
@@ -52,7 +58,8 @@ struct pa_pool {
 
     pa_seq *seqs; /* [seq_cap] slots */
     int32_t seq_cap;
-    int32_t *free_slots; /* [seq_cap]; a FIFO ring of free slot numbers */
+    int32_t *free_slots; /* [seq_cap]; a FIFO ring of free slot numbers: the
+                            oldest at free_head, free_count of them */
     int32_t free_head, free_count;
     int32_t live;
 
@@ -121,7 +128,7 @@ static inline int64_t pa_pages_for(int64_t tokens, int32_t page_size) {
 }
 
 /* Token position -> page index and slot, for 0 <= x < 2^32 (every length
- * fits: they are < 2^31). A shift for power-of-two page sizes, else a 32-bit
+ * fits: they are <= PA_MAX_SEQLEN = 2^30). A shift for power-of-two page sizes, else a 32-bit
  * division: a 64-bit one costs up to ~90 cycles on some x86 cores, and
  * staging needs a few per sequence per step. */
 static inline int32_t pa_page_index(const pa_pool *pool, int64_t x) {
@@ -134,14 +141,14 @@ static inline int32_t pa_page_slot(const pa_pool *pool, int64_t x) {
                                : (int32_t)((uint32_t)x % (uint32_t)pool->page_size);
 }
 
-/* Pages that hold `tokens` tokens (tokens < 2^31). */
+/* Pages that hold `tokens` tokens (tokens <= PA_MAX_SEQLEN). */
 static inline int32_t pa_pool_pages_for(const pa_pool *pool, int64_t tokens) {
     return tokens > 0 ? pa_page_index(pool, tokens - 1) + 1 : 0;
 }
 
-/* Pages to take from the pool to write n more tokens into s (n > 0), and
- * whether its partial last page is shared or cached (so it must be copied
- * first). */
+/* Pages to take from the pool to write n more tokens into s (0 < n <=
+ * PA_MAX_SEQ_LEN - s->len), and whether its partial last page is shared or
+ * cached (so it must be copied first). */
 static inline int64_t pa_seq_plan(const pa_pool *pool, const pa_seq *s, int64_t n, bool *cow) {
     *cow = false;
     if (n <= 0) return 0;

@@ -119,7 +119,9 @@ void pa_mirror_changed(pa_tensor *t) {
 }
 
 void pa_mirror_invalidate(pa_tensor *t) {
-    if (t) t->mirror_valid = false;
+    /* only a valid mirror is written: a tensor that has none (every float
+     * tensor) is left untouched, so readers on other threads see no write */
+    if (t && t->mirror_valid) t->mirror_valid = false;
 }
 
 void pa_mirror_record(pa_tensor *t, int64_t offset, const int32_t *src, int64_t count,

@@ -257,16 +257,21 @@ static void combine_item(void *arg, int64_t item, int thread) {
         float acc[PA_MAX_HEAD_DIM] = {0};
         float lse = -INFINITY;
         if (mx > -INFINITY) {
-            float sum = 0;
+            /* weights normalised before the sum: each split's output is
+             * within max |v|, and so is their weighted sum (no overflow
+             * where the exact result is finite) */
+            float w[PA_CPU_MAX_SPLITS], sum = 0;
             for (int s = 0; s < S; s++) {
-                const int64_t slot = (item * S + s) * plan->tile_rows + r;
-                const float w = expf(plan->partial_lse[slot] - mx);
-                if (w == 0) continue;
-                sum += w;
-                const float *po = plan->partial_o + slot * D;
-                for (int d = 0; d < D; d++) acc[d] += w * po[d];
+                w[s] = expf(plan->partial_lse[(item * S + s) * plan->tile_rows + r] - mx);
+                sum += w[s];
             }
-            for (int d = 0; d < D; d++) acc[d] /= sum;
+            const float inv = 1.0f / sum;
+            for (int s = 0; s < S; s++) {
+                if (w[s] == 0) continue;
+                const float ws = w[s] * inv;
+                const float *po = plan->partial_o + ((item * S + s) * plan->tile_rows + r) * D;
+                for (int d = 0; d < D; d++) acc[d] += ws * po[d];
+            }
             lse = mx + logf(sum);
         }
         const int64_t off = ((p->h_q_start[t->b] + i) * H + h) * (int64_t)D;
@@ -364,7 +369,7 @@ static pa_status plan_attention(pa_context *ctx, const pa_attn_problem *p, cpu_i
             if (splits > p->max_seqlen_k / min_keys) splits = (int32_t)(p->max_seqlen_k / min_keys);
         }
     }
-    if (splits > 256) splits = 256;
+    if (splits > PA_CPU_MAX_SPLITS) splits = PA_CPU_MAX_SPLITS;
     if (splits < 1) splits = 1;
     job->ntiles = ntiles;
     job->splits = splits;

@@ -23,6 +23,7 @@ typedef struct pa_cpu_scratch {
 } pa_cpu_scratch;
 
 #define PA_CPU_MAX_KEY_BLOCK 128
+#define PA_CPU_MAX_SPLITS 256 /* splits of one tile's keys (num_splits is clamped to it) */
 
 typedef struct pa_cpu_plan {
     const pa_attn_problem *p;
