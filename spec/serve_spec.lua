@@ -232,6 +232,13 @@ describe("serve command line", function()
     assert.are.equal(39, s.requests)
   end)
 
+  it("fails on an output file it cannot write before running anything", function()
+    local rc, out = serve_cmd("--summary-out " .. dir .. "/no/such/dir/s.json")
+    assert.are.equal(2, rc)
+    assert.matches("serve: --summary-out: cannot write", out, 1, true)
+    assert.is_nil(out:find("serve: done", 1, true))
+  end)
+
   it("fails on a malformed trace before running anything", function()
     local p = dir .. "/bad.csv"
     H.write_file(p, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47.00,10\n")

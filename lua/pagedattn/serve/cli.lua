@@ -130,6 +130,18 @@ function M.parse_args(argv)
     i = i + 1
   end
   if o.help then return o end
+  -- the output files must be writable before minutes of replay, not after
+  for _, k in ipairs({ "requests_out", "summary_out" }) do
+    local path = o[k]
+    if path then
+      local existed = io.open(path, "rb")
+      if existed then existed:close() end
+      local f, err = io.open(path, "ab")
+      if not f then usage("--" .. k:gsub("_", "-") .. ": cannot write " .. tostring(err)) end
+      f:close()
+      if not existed then os.remove(path) end
+    end
+  end
   if o.summary_out and not pcall(require, "dkjson") then
     usage("--summary-out needs the JSON library dkjson (Debian: apt-get install lua-dkjson; scripts/setup does)")
   end
