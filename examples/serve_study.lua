@@ -99,6 +99,8 @@ if r.summary.selected < r.summary.total then
   os.exit(r.code)
 end
 
+local function quote(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+
 -- the charts, through scripts/plot (gnuplot)
 local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
 local plot = here .. "/../scripts/plot"
@@ -115,8 +117,8 @@ local charts = {
 for _, c in ipairs(charts) do
   local out = base .. "-" .. c.y .. (svg and ".svg" or ".png")
   local cmd = string.format("luajit %s %s -x rate -y %s --by policy --title %s --xlabel %s --ylabel %s -o %s",
-    sweep.shell_quote(plot), sweep.shell_quote(r.csv), c.y, sweep.shell_quote(c.title),
-    sweep.shell_quote("session starts per second"), sweep.shell_quote(c.ylabel), sweep.shell_quote(out))
+    quote(plot), quote(r.csv), c.y, quote(c.title),
+    quote("session starts per second"), quote(c.ylabel), quote(out))
   local ok = os.execute(cmd)
   if ok ~= 0 and ok ~= true then io.stderr:write("no chart: " .. cmd .. " failed\n") end
 end
