@@ -28,6 +28,7 @@ experiment-sweep runner (pagedattn-sweep, pagedattn-plot).
 }
 dependencies = {
   "lua >= 5.1, < 5.2", -- LuaJIT
+  "dkjson >= 2.5",      -- pagedattn.serve: Mooncake traces, summaries (Debian: lua-dkjson)
 }
 build = {
   type = "command",

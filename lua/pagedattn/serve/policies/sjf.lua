@@ -1,4 +1,4 @@
--- examples/policies/sjf.lua: shortest job first. Running requests go on as
+-- pagedattn/serve/policies/sjf.lua: shortest job first. Running requests go on as
 -- in fcfs; among the waiting ones, the least prefill work starts first (lower
 -- mean time to first token; long prompts can wait longer). The whole policy:
 local fcfs = (...).policy("fcfs")

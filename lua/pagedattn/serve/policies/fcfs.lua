@@ -1,5 +1,5 @@
--- examples/policies/fcfs.lua: first come, first served, with chunked prefill
--- under the step's token budget and preemption by recompute.
+-- pagedattn/serve/policies/fcfs.lua: first come, first served, with chunked
+-- prefill under the step's token budget and preemption by recompute.
 --
 -- Every step: the running requests, oldest first, each get their next tokens
 -- (1 when decoding, else a prefill chunk as large as the budget allows); when
@@ -8,8 +8,8 @@
 -- Then waiting requests start, in order, while budget and pages last; the
 -- first one that does not fit stops admission (no overtaking).
 --
--- A policy file returns { name, about, step(engine) }; examples/serve.lua
--- documents what the engine offers. policies/sjf.lua reuses these two parts.
+-- A policy file returns { name, about, step(engine) }; README.md ("The policy
+-- API") documents what the engine offers. sjf, lpm and priority reuse these parts.
 local P = {
   name = "fcfs",
   about = "first come first served, chunked prefill under the token budget, preempt the youngest (recompute)",
