@@ -831,7 +831,8 @@ local function direct_case(st, x, rng)
   x.fn = c.form == "varlen" and pa.attention_varlen or pa.attention_with_kvcache
   -- a quarter of the cases go through check.run unchanged: the differential check
   if chance(rng, 0.25) then
-    local r = check.run(c, st.device, rng)
+    local okr, r = pcall(check.run, c, st.device, rng)
+    if not okr then fail_case(st, x, "a valid call (check.run): " .. tostring(r)) end
     if not r.ok then fail_case(st, x, "differs from the reference: " .. r.report) end
     count(st.kinds, "valid")
     return "ok"
@@ -1030,7 +1031,9 @@ local function batch_case(st, x, rng)
       count(st.args, arg)
       outcome = "refused"
     else
-      if type(err) ~= "string" then fail_case(st, x, "nil without a message") end
+      if type(err) ~= "string" or not err:find("^pagedattn%.") then
+        fail_case(st, x, "nil without a 'pagedattn.' message: " .. tostring(err))
+      end
       outcome = "runtime"
     end
     local d = difference(snap)
@@ -1123,6 +1126,9 @@ local function limits_case(st, x, rng)
     if d then fail_case(st, x, "a refused call changed " .. d) end
     outcome = "refused"
   elseif out == nil then
+    if type(lse) ~= "string" or not lse:find("^pagedattn%.attention_with_kvcache: ") then
+      fail_case(st, x, "nil without a 'pagedattn.attention_with_kvcache: ' message: " .. tostring(lse))
+    end
     fail_case(st, x, "a call failed at run time: " .. tostring(lse))
   else
     if not valid then fail_case(st, x, "a call past the limits was accepted") end

@@ -685,7 +685,8 @@ local CONFIGS = {
 M.CONFIGS = CONFIGS
 
 -- run{ seed =, iters = operations, device =, log = function(line), steps =
--- operations per pool (default 300) } -> summary: seed, iters, device,
+-- operations per pool (default 100-400), case = i (only the i-th pool) } ->
+-- summary: seed, iters, device,
 -- episodes, ops[name] = {ok, refused, out_of_pages}, events, seconds.
 function M.run(o)
   o = o or {}
@@ -702,13 +703,17 @@ function M.run(o)
   local t0 = os.clock()
   local done, next_log = 0, o.log_every or 10000
   while done < iters do
+    -- three draws a pool, whatever it does: pool i can be rerun alone (case = i)
     local cfg = CONFIGS[master:int(1, #CONFIGS)]
     local steps = math.min(iters - done, o.steps or master:int(100, 400))
     local ep_seed = floor(master:uniform() * 2 ^ 52)
-    M.episode{ seed = ep_seed, page_size = cfg.page_size, num_pages = cfg.num_pages, layers = cfg.layers,
-      big = cfg.big, steps = steps, device = dev, events = st.events, ops = st.ops,
-      rerun = "rerun: " .. M.rerun(seed, iters, dev.name) }
     st.episodes = st.episodes + 1
+    if not o.case or o.case == st.episodes then
+      M.episode{ seed = ep_seed, page_size = cfg.page_size, num_pages = cfg.num_pages, layers = cfg.layers,
+        big = cfg.big, steps = steps, device = dev, events = st.events, ops = st.ops,
+        rerun = string.format("pool %d of the run; rerun: %s  (this pool alone: --case %d)", st.episodes,
+          M.rerun(seed, iters, dev.name), st.episodes) }
+    end
     done = done + steps
     if o.log and (done >= next_log or done >= iters) then
       next_log = next_log + (o.log_every or 10000)
