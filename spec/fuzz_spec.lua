@@ -27,7 +27,7 @@ end
 describe("fuzzers, short run", function()
   for _, dev in ipairs(DEVICES) do
     it("attention calls on " .. dev, function()
-      local s = run(attention_fuzz, "fuzz-attention", dev, H.scale(500))
+      local s = run(attention_fuzz, "fuzz-attention", dev, H.scale(1000))
       -- a run that never reached a kind of case checked nothing about it
       for _, k in ipairs({ "valid", "same", "pass", "fail", "batch" }) do
         assert((s.kinds[k] or 0) > 0, "no case of kind " .. k .. " (" .. H.rerun(SPEC) .. ")")
@@ -36,7 +36,7 @@ describe("fuzzers, short run", function()
     end)
 
     it("pool operations on " .. dev, function()
-      local s = run(pool_fuzz, "fuzz-pool", dev, H.scale(4000))
+      local s = run(pool_fuzz, "fuzz-pool", dev, H.scale(10000))
       for _, what in ipairs({ "out_of_pages", "copy_on_write", "batch", "batch_out_of_pages", "stage_twice",
         "stage_stale", "unstage", "unstage_refused", "stale", "bad_args" }) do
         assert((s.events[what] or 0) > 0, "no " .. what .. " event (" .. H.rerun(SPEC) .. ")")

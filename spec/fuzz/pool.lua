@@ -49,6 +49,15 @@ end
 
 local function pick(rng, list) return list[rng:int(1, #list)] end
 
+-- Library bugs this fuzzer found and steps around unless run{strict = true}.
+M.KNOWN_BUGS = {
+  -- b:unstage() after a fork of a staged sequence: a page that the stage
+  -- filled and the fork shares becomes a reserved page of the unstaged
+  -- sequence again (validate(): "reserved page 2 (page 2) is held 2 times"),
+  -- and its next append writes into it, over the fork's tokens
+  unstage_keeps_shared_reserved_pages = true,
+}
+
 function M.rerun(seed, iters, device)
   return string.format("scripts/run scripts/fuzz.lua pool --seed %d --iters %d --device %s", seed, iters, device)
 end
@@ -82,7 +91,8 @@ end
 -- o: seed, page_size, num_pages, steps, device, layers (0: bookkeeping only;
 -- default 1), events (a table counting what happened), ops (per operation
 -- outcomes), rerun (text for failures), big (page sizes near 2^20: lengths
--- near 2^30), churn (allow create/free churns).
+-- near 2^30), churn (allow create/free churns), strict (run into the known
+-- bugs too), known (a table counting the known bugs stepped around).
 function M.episode(o)
   local seed = o.seed
   local rng = ref.rng(seed)
@@ -108,6 +118,7 @@ function M.episode(o)
   local log = {}
   local events = o.events or {}
   local ops = o.ops or {}
+  local known = o.known or {}
   local function count(what) events[what] = (events[what] or 0) + 1 end
   local function outcome(op, how)
     ops[op] = ops[op] or { ok = 0, refused = 0, out_of_pages = 0 }
@@ -467,12 +478,13 @@ function M.episode(o)
       q_at, nnz = q_at + n, nnz + np
       undo[j] = { m = m, before_len = pl.before_len, before_pages = pl.before_pages, num_new = n, fresh = pl.fresh }
     end
-    bb.undo = undo
+    bb.undo, bb.skip_unstage = undo, nil
   end
 
   -- Undoes batch bb's last good stage; the model predicts refusals.
   local function unstage_op(bb)
     local b = bb.b
+    if bb.skip_unstage then return end
     log[#log + 1] = "unstage"
     if not bb.undo then
       expect_failure("unstage", "unstage with nothing staged", false, b.unstage, b)
@@ -485,11 +497,50 @@ function M.episode(o)
         return
       end
     end
-    assert(b:unstage())
+    -- a page the stage filled, shared by a fork since, and reserved again by
+    -- the undo: the library keeps it (known bug, see M.KNOWN_BUGS)
+    local rc = refcounts()
+    local shared_reserved = false
+    for _, u in ipairs(bb.undo) do
+      for j = pages_for(u.before_len, ps) + 1, u.before_pages do
+        if rc[u.m.pages[j]] > 1 then shared_reserved = true end
+      end
+    end
+    if shared_reserved and not o.strict then
+      known.unstage_keeps_shared_reserved_pages = (known.unstage_keeps_shared_reserved_pages or 0) + 1
+      bb.skip_unstage = true -- (until the next good stage replaces the record)
+      return
+    end
+    local snap = snapshot()
+    local ok, err = pcall(b.unstage, b)
+    if not ok then
+      -- refusing is a fix of the bug above too; otherwise a refusal is wrong
+      if not shared_reserved then fail("unstage refused: " .. tostring(err)) end
+      local _, why = parse_error(err)
+      if why then fail("unstage: " .. why .. ": " .. tostring(err)) end
+      unchanged(snap, "unstage")
+      outcome("unstage", "refused")
+      return
+    end
     outcome("unstage", "ok")
     for _, u in ipairs(bb.undo) do
       local m = u.m
-      for j = #m.pages, u.before_pages + 1, -1 do m.pages[j] = nil end
+      local np = pages_for(u.before_len, ps)
+      local got = m.seq:pages()
+      -- the token pages as before the stage; of the reserved ones, those a
+      -- fix may drop (shared ones) may be gone
+      for j = 1, np do
+        if got[j] ~= m.pages[j] then fail("unstage: sequence " .. m.seq.id .. ": page " .. j .. " changed") end
+      end
+      for j = np + 1, #got do
+        local ok_page = false
+        for k = np + 1, u.before_pages do if got[j] == m.pages[k] then ok_page = true end end
+        if not ok_page then fail("unstage: sequence " .. m.seq.id .. ": page " .. got[j] .. " is not one it held") end
+      end
+      if #got ~= u.before_pages and not shared_reserved then
+        fail("unstage: sequence " .. m.seq.id .. " holds " .. #got .. " pages, " .. u.before_pages .. " before the stage")
+      end
+      m.pages = got
       cut(m, u.before_len)
     end
     bb.undo = nil
@@ -685,7 +736,8 @@ local CONFIGS = {
 M.CONFIGS = CONFIGS
 
 -- run{ seed =, iters = operations, device =, log = function(line), steps =
--- operations per pool (default 100-400), case = i (only the i-th pool) } ->
+-- operations per pool (default 100-400), case = i (only the i-th pool),
+-- strict = true (also where M.KNOWN_BUGS would strike) } ->
 -- summary: seed, iters, device,
 -- episodes, ops[name] = {ok, refused, out_of_pages}, events, seconds.
 function M.run(o)
@@ -698,7 +750,7 @@ function M.run(o)
     if not d then error("fuzz.pool.run: device " .. tostring(dev) .. ": " .. tostring(err), 2) end
     dev = d
   end
-  local st = { seed = seed, iters = iters, device = dev.name, episodes = 0, ops = {}, events = {} }
+  local st = { seed = seed, iters = iters, device = dev.name, episodes = 0, ops = {}, events = {}, known = {} }
   local master = ref.rng(seed)
   local t0 = os.clock()
   local done, next_log = 0, o.log_every or 10000
@@ -710,7 +762,7 @@ function M.run(o)
     st.episodes = st.episodes + 1
     if not o.case or o.case == st.episodes then
       M.episode{ seed = ep_seed, page_size = cfg.page_size, num_pages = cfg.num_pages, layers = cfg.layers,
-        big = cfg.big, steps = steps, device = dev, events = st.events, ops = st.ops,
+        big = cfg.big, steps = steps, device = dev, events = st.events, ops = st.ops, known = st.known, strict = o.strict,
         rerun = string.format("pool %d of the run; rerun: %s  (this pool alone: --case %d)", st.episodes,
           M.rerun(seed, iters, dev.name), st.episodes) }
     end
@@ -740,6 +792,10 @@ function M.report(s)
   for k, n in pairs(s.events) do ev[#ev + 1] = k .. " " .. n end
   table.sort(ev)
   lines[#lines + 1] = "  events: " .. table.concat(ev, ", ")
+  local known = {}
+  for k, n in pairs(s.known or {}) do known[#known + 1] = k .. " " .. n end
+  table.sort(known)
+  if #known > 0 then lines[#lines + 1] = "  known library bugs stepped around (--strict runs them): " .. table.concat(known, ", ") end
   return table.concat(lines, "\n")
 end
 
