@@ -45,9 +45,17 @@ describe("fuzzers, short run", function()
   end
 
   it("attention: key counts near 2^30 and 2^31", function()
-    -- the limits cases alone are rare in a short run: a seed whose first cases hold several
-    local s = attention_fuzz.run{ seed = H.seed("fuzz-limits"), iters = H.scale(60), device = "cpu" }
-    assert.is_true((s.kinds.limits or 0) > 0, "no limits case in 60 (" .. H.rerun(SPEC) .. ")")
+    -- rare in the runs above: these cases alone, on both sides of the limits
+    local sides = {}
+    for _, dev in ipairs(DEVICES) do
+      local seed = H.seed("fuzz-limits" .. dev)
+      local ok, s = pcall(attention_fuzz.run, { seed = seed, iters = H.scale(30), device = dev, only = "limits" })
+      if not ok then error(tostring(s) .. "\n  (spec: " .. H.rerun(SPEC) .. ")", 0) end
+      assert.equal(H.scale(30), s.kinds.limits)
+      for k in pairs(s.mutations) do sides[k] = true end
+    end
+    assert.is_true(sides["limits:valid"] and sides["limits:beyond"],
+      "limits cases on both sides of the limit expected (" .. H.rerun(SPEC) .. ")")
   end)
 end)
 

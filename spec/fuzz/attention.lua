@@ -1228,7 +1228,8 @@ end
 
 -- run{ seed =, iters =, device = "cpu" | "cpu:staged" | "cuda" | a device,
 --      log = function(line) (progress; nil: quiet), case = i (only case i),
---      strict = true (fail on the messages of M.KNOWN_MESSAGES too) }
+--      strict = true (fail on the messages of M.KNOWN_MESSAGES too),
+--      only = "direct" | "batch" | "limits" (one kind of case) }
 -- Returns a summary: seed, iters, device, outcomes {ok, refused, runtime},
 -- kinds (valid, same, pass, any, fail, batch, limits), mutations[name] =
 -- outcomes, args[name] = refusals naming it, known[bug] = refusals with the
@@ -1257,6 +1258,7 @@ function M.run(o)
       local x = { index = i, case_seed = case_seed, rng = rng, dev = dev, applied = {}, extra_args = {},
         describe = "?" }
       local r = rng:uniform()
+      if o.only then r = ({ batch = 0, limits = 0.09, direct = 0.5 })[o.only] end
       local outcome
       if r < 0.08 then outcome = batch_case(st, x, rng)
       elseif r < 0.11 then outcome = limits_case(st, x, rng)
