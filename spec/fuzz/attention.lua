@@ -261,7 +261,7 @@ local function shape_plus(shape, i, d) local s = copy_list(shape) s[i] = s[i] + 
 
 -- A freed copy of t (t:free()), or of a small tensor when t is not one.
 local function freed(x, t)
-  local f = is_tensor(t) and t:clone() or tensor(x, { 1 })
+  local f = (is_tensor(t) and t.handle ~= nil) and t:clone() or tensor(x, { 1 })
   f:free()
   return f
 end
@@ -312,6 +312,12 @@ local MUTATIONS = {
     s[#s - 1] = 0
     x.q = tensor(x, s)
   end },
+  { name = "q_empty_huge_lse", kind = "fail", apply = function(x)
+    -- no element, but an lse of 2^36 or more floats if anyone made it first
+    if x.c.form == "varlen" then x.q = tensor(x, { MAXSEQ, pick(x.rng, { 65536, 2 ^ 20 }), 0 })
+    else x.q = tensor(x, { 1, MAXSEQ, pick(x.rng, { 65536, 2 ^ 20 }), 0 }) end
+    x.opts.return_softmax_lse = true
+  end },
   { name = "q_not_tensor", kind = "fail", apply = function(x)
     x.q = pick(x.rng, { {}, 42, "q", false, x.inputs.q })
   end },
@@ -341,12 +347,10 @@ local MUTATIONS = {
   end },
   -- new k/v
   { name = "kv_half", kind = "fail", apply = function(x)
-    if x.opts.k then
-      if chance(x.rng, 0.5) then x.opts.v = nil else x.opts.k = nil end
-    else
-      local s = x.c.form == "varlen" and { x.f.total_q, x.f.Hk, x.f.D } or { x.f.B, 1, x.f.Hk, x.f.D }
-      x.opts[chance(x.rng, 0.5) and "k" or "v"] = tensor(x, s)
-    end
+    -- one of k and v, whatever was there before
+    local s = x.c.form == "varlen" and { x.f.total_q, x.f.Hk, x.f.D } or { x.f.B, 1, x.f.Hk, x.f.D }
+    local given = x.opts.k or x.opts.v or tensor(x, s)
+    if chance(x.rng, 0.5) then x.opts.k, x.opts.v = given, nil else x.opts.k, x.opts.v = nil, given end
   end },
   { name = "kv_shape", kind = "fail", apply = function(x)
     local s = x.c.form == "varlen" and { x.f.total_q, x.f.Hk, x.f.D } or { x.f.B, x.f.s_new or 1, x.f.Hk, x.f.D }
@@ -590,6 +594,7 @@ local MUTATIONS = {
       -- (another mutation may have made this first call invalid too: then
       -- it is just one more refused call, and the second is judged alone)
       pcall(x.fn, x.q, x.kc, x.vc, x.opts)
+      if type(x.opts) ~= "table" then return false end
       local t = x.opts[which]
       if not is_tensor(t) or t.handle == nil then return end
       local at, value
@@ -801,6 +806,9 @@ M.KNOWN_MESSAGES = {
   -- a q of fewer dimensions than its form with return_softmax_lse: the Lua
   -- layer makes lse from q's shape before anyone checks it, and blames "shape"
   { name = "lse_shape_before_q_checked", pattern = "^[^\n]*: pagedattn%.attention_[%w_]+: shape: dimension %d+ is nil" },
+  -- ... and allocates it: for an empty q [1, 2^30, 65536, 0] that is 256 GiB;
+  -- when that fails, "attempt to index local 'lse' (a nil value)"
+  { name = "lse_allocated_before_q_checked", pattern = "attention%.lua:%d+: attempt to index local 'lse'" },
 }
 
 -- The known bug a message shows, when the run steps around known bugs.
@@ -1259,10 +1267,12 @@ function M.run(o)
         describe = "?" }
       local r = rng:uniform()
       if o.only then r = ({ batch = 0, limits = 0.09, direct = 0.5 })[o.only] end
-      local outcome
-      if r < 0.08 then outcome = batch_case(st, x, rng)
-      elseif r < 0.11 then outcome = limits_case(st, x, rng)
-      else outcome = direct_case(st, x, rng) end
+      local case_fn = r < 0.08 and batch_case or (r < 0.11 and limits_case or direct_case)
+      local ok, outcome = pcall(case_fn, st, x, rng)
+      if not ok then
+        if type(outcome) == "string" and outcome:find("^attention fuzzer: ") then error(outcome, 0) end
+        fail_case(st, x, "the fuzzer itself failed: " .. tostring(outcome))
+      end
       count(st.outcomes, outcome)
       if log and (i % (o.log_every or 500) == 0 or i == iters) then
         log(string.format("attention %s: %d/%d cases, ok %d, refused %d, run-time errors %d (%.1f s)",
