@@ -24,7 +24,7 @@ solution "pagedattn"
 project "pagedattn"
   kind "SharedLib"
   location "build"
-  files { "src/*.h", "src/core/*.c", "src/core/*.h", "src/cpu/*.c", "src/cpu/*.h",
+  files { "src/*.h", "src/*.c", "src/core/*.c", "src/core/*.h", "src/cpu/*.c", "src/cpu/*.h",
           "src/cpu/*.inc", "src/cuda/*.c", "src/cuda/*.h" }
   includedirs { "src" }
   buildoptions { "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",

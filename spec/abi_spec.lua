@@ -4,10 +4,13 @@ local ffi = require "ffi"
 local core = require "pagedattn.core"
 
 local function header_structs()
-  local f = assert(io.open(core.root .. "/src/pagedattn.h"))
-  local text = f:read("*a")
-  f:close()
-  local api = text:match("/%* PA_API_BEGIN %*/(.-)/%* PA_API_END %*/")
+  local function block(file, tag)
+    local f = assert(io.open(core.root .. "/src/" .. file))
+    local text = f:read("*a")
+    f:close()
+    return assert(text:match("/%* " .. tag .. "_BEGIN %*/(.-)/%* " .. tag .. "_END %*/"), file)
+  end
+  local api = block("pagedattn.h", "PA_API") .. block("pagedattn_lab.h", "PA_LAB_API")
   api = api:gsub("/%*.-%*/", "")
   local structs = {}
   for name, body in api:gmatch("typedef%s+struct%s+([%w_]+)%s*(%b{})") do

@@ -68,7 +68,19 @@ describe("scripts/install", function()
       lua, lua, prefix)
     local rc, out = sh(cmd)
     assert.are.equal(0, rc, out)
-    assert.matches(prefix .. "/lib/lua/5.1/libpagedattn.so", out, 1, true)
+    assert.matches(prefix .. "/lib/libpagedattn.so", out, 1, true)
+    assert.matches("\ncpu\n", out, 1, true)
+  end)
+
+  it("installs Lua modules that find the library beside them with LUA_PATH alone", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local cmd = string.format("cd / && env -u PAGEDATTN_LIB -u PAGEDATTN_HEADER -u PAGEDATTN_ROOT -u LUA_CPATH " ..
+      "LUA_PATH='%s/?.lua;%s/?/init.lua;;' " ..
+      "luajit -e 'local pa = require \"pagedattn\"; print(pa.library_path); print(pa.device(\"cpu\").name)'",
+      lua, lua)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches(prefix .. "/lib/libpagedattn.so", out, 1, true)
     assert.matches("\ncpu\n", out, 1, true)
   end)
 

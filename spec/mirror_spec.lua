@@ -19,7 +19,6 @@ local H = require "helpers"
 
 local SPEC = "spec/mirror_spec.lua"
 -- exported by the library, not in its header (a counter for the specs)
-pcall(ffi.cdef, "int64_t pa_debug_index_downloads(void);")
 local C = core.C
 local function downloads() return tonumber(C.pa_debug_index_downloads()) end
 

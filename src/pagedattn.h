@@ -12,9 +12,17 @@
  *   - Handles are opaque. Each create/open has a destroy/release that accepts NULL.
  *   - Indices, positions and page ids are 0-based; element offsets are 64-bit.
  *   - Long argument lists travel as a params struct passed by pointer.
+ *   - Threads: one pa_context per thread. Devices may be shared, and so may
+ *     tensors that every thread only reads (an attention call writes only
+ *     out, softmax_lse, and the caches when it appends); a tensor written by
+ *     one thread must not be used by another at the same time; a pool, its
+ *     sequences and batches belong to one thread at a time.
  *
  * The block between PA_API_BEGIN and PA_API_END is read verbatim by the Lua
  * bindings (ffi.cdef): keep it free of preprocessor lines and macros.
+ *
+ * The instruments of the laboratory (ceilings, kernel timing, the kernel
+ * catalog and its compiler, ABI probes) are in pagedattn_lab.h.
  */
 #ifndef PAGEDATTN_H
 #define PAGEDATTN_H
@@ -89,23 +97,6 @@ const char *pa_device_name(const pa_device *dev);        /* "cpu", "cuda:0" */
 const char *pa_device_description(const pa_device *dev); /* model, cores/SMs */
 int pa_device_num_threads(const pa_device *dev);         /* CPU worker count */
 pa_status pa_device_synchronize(pa_context *ctx, pa_device *dev);
-
-/* Ceilings measured on the device now (each runs about `seconds`): the rate
- * of a streaming read over a buffer much larger than the caches, a
- * device-to-device copy counted as read + write bytes, and the arithmetic peak
- * (fp32 FMA on the CPU, a bf16 matrix product by cuBLAS on a GPU, opened at
- * run time). 0 = not measured. */
-typedef struct pa_ceilings {
-    double read_gbps;
-    double copy_gbps;
-    double fma_gflops;    /* fp32, 2 flops per FMA */
-    double matmul_gflops; /* bf16 tensor-core matmul (GPU): best short run */
-    double seconds;       /* how long each measurement ran */
-    double matmul_sustained_gflops; /* the same back to back for `seconds` (power cap) */
-    char matmul_note[320];          /* how the matmul was measured, or why it was not */
-} pa_ceilings;
-pa_status pa_device_measure_ceilings(pa_context *ctx, pa_device *dev,
-                                     double seconds, pa_ceilings *out);
 
 /* ---- tensors ---- */
 
@@ -194,6 +185,17 @@ typedef struct pa_attention_params {
     float softmax_scale;      /* NaN (pa_attention_params_init) = head_dim^-0.5;
                                  any other finite value is used as given */
     float softcap;            /* 0 = off */
+
+    /* maybe, instead of block_table: the pages in FlashInfer's CSR form (a
+     * batch stages both): those of sequence b are
+     * kv_indices[kv_indptr[b] .. kv_indptr[b + 1] - 1], i32 [B + 1] and
+     * [nnz]. kv_last_page_len (maybe, i32 [B]): the keys in each sequence's
+     * last page, checked against the keys the call attends. The call makes
+     * the padded block table from them (an upload, and on a GPU a wait for
+     * the device when it is freed): pass block_table in a loop. */
+    const pa_tensor *kv_indptr;
+    const pa_tensor *kv_indices;
+    const pa_tensor *kv_last_page_len;
 } pa_attention_params;
 
 void pa_attention_params_init(pa_attention_params *p);
@@ -344,40 +346,6 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *batch, int32_t n, const int3
  * attention call that was to write the new tokens failed. */
 pa_status pa_batch_unstage(pa_context *ctx, pa_batch *batch);
 pa_tensor *pa_batch_tensor(const pa_batch *batch, pa_batch_field field);
-
-/* ---- ABI self-check (the Lua bindings compare these with ffi.sizeof and
- * ffi.offsetof): the size of a public struct by name, or the offset of one
- * of its fields; -1 if unknown. ---- */
-int64_t pa_abi_sizeof(const char *type_name);
-int64_t pa_abi_offsetof(const char *type_name, const char *field_name);
-
-/* ---- CUDA kernels: run-time compilation (works without a GPU) ----
- * The CUDA kernels are CUDA C sources embedded in the library (kernels/ of
- * the source tree; $PAGEDATTN_KERNEL_DIR may name a directory to read them
- * from instead), compiled by NVRTC at first use with their shape constants
- * baked in, and cached in memory and on disk: $PAGEDATTN_KERNEL_CACHE, else
- * $XDG_CACHE_HOME/pagedattn, else ~/.cache/pagedattn ("off": no disk cache).
- * A variant is named by a string such as
- * "decode dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024"; the catalog
- * is a list of variants that covers every kernel and code path. */
-int pa_kernel_catalog_size(void);
-const char *pa_kernel_catalog_name(int index); /* NULL when out of range */
-/* Compiles a variant for arch ("sm_80", "sm_90a", ...; NULL or "": that of
- * CUDA device 0) through NVRTC. With use_disk_cache, a valid cached image is
- * taken and a new one stored; *was_cached (may be NULL) says which happened. */
-pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *arch,
-                            int use_disk_cache, int *was_cached);
-
-/* ---- device-side timing (CUDA devices) ----
- * While on, each attention call records device events around its kernels,
- * and first holds the stream with a short bounded wait on the device
- * (50 us, $PAGEDATTN_TIMING_HOLD_US) so that the host has queued the call's
- * kernels before they run: the time measured is the kernels' own, without
- * the host's part of the call (validation, downloads, launches). For
- * benchmarks. */
-pa_status pa_device_timing(pa_context *ctx, pa_device *dev, int on);
-/* Seconds that the last timed call's kernels took (waits for them). */
-pa_status pa_device_timing_last(pa_context *ctx, pa_device *dev, double *seconds);
 
 /* PA_API_END */
 

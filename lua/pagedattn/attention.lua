@@ -20,6 +20,8 @@ local common_opts = {
   rotary_interleaved = "boolean", cache_batch_idx = "i32", block_table = "table2d",
   softmax_scale = "number", causal = "boolean", window_size = "window", softcap = "number",
   alibi_slopes = "f32", num_splits = "number", return_softmax_lse = "boolean", out = "tensor",
+  -- the pages in FlashInfer's CSR form, instead of block_table (a batch stages both)
+  kv_indptr = "i32", kv_indices = "i32", kv_last_page_len = "i32",
 }
 local kvcache_opts = setmetatable({ cache_seqlens = "seqlens" }, { __index = common_opts })
 local varlen_opts = setmetatable({
@@ -114,6 +116,8 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
   p.rotary_cos, p.rotary_sin = tensor_opt("rotary_cos"), tensor_opt("rotary_sin")
   p.cache_batch_idx = tensor_opt("cache_batch_idx")
   p.block_table = tensor_opt("block_table")
+  p.kv_indptr, p.kv_indices = tensor_opt("kv_indptr"), tensor_opt("kv_indices")
+  p.kv_last_page_len = tensor_opt("kv_last_page_len")
   p.alibi_slopes = tensor_opt("alibi_slopes")
   if varlen then
     p.cu_seqlens_q, p.seqused_k = tensor_opt("cu_seqlens_q"), tensor_opt("seqused_k")

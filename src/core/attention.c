@@ -517,6 +517,87 @@ static pa_status check_q(pa_context *ctx, const pa_attention_params *p, int ndim
     return PA_OK;
 }
 
+/* The padded block table [B, widest] that the CSR form (kv_indptr,
+ * kv_indices) describes, as a new tensor on the call's device, for a call
+ * of B sequences. */
+static pa_status csr_block_table(pa_context *ctx, const pa_attention_params *p, int64_t B, pa_tensor **out) {
+    *out = NULL;
+    const pa_tensor *ip = p->kv_indptr, *ix = p->kv_indices;
+    pa_device *dev = p->q->dev;
+    if (p->block_table)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: give block_table or the CSR form (kv_indptr, kv_indices), not both");
+    if (!ix) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indices: missing (kv_indptr was given)");
+    TRY(check_common(ctx, "kv_indptr", ip, dev));
+    TRY(check_common(ctx, "kv_indices", ix, dev));
+    TRY(check_dtype(ctx, "kv_indptr", ip, PA_I32));
+    TRY(check_dtype(ctx, "kv_indices", ix, PA_I32));
+    {
+        int64_t dims[1] = {B + 1};
+        TRY(check_shape(ctx, "kv_indptr", ip, "[B + 1]", 1, dims));
+        int64_t any[1] = {-1};
+        TRY(check_shape(ctx, "kv_indices", ix, "[nnz]", 1, any));
+    }
+    scratch s = {{0}, 0};
+    const int32_t *h_ip = NULL, *h_ix = NULL;
+    pa_status st = host_i32(ctx, &s, ip, &h_ip);
+    if (st == PA_OK) st = host_i32(ctx, &s, ix, &h_ix);
+    int64_t width = 0;
+    for (int64_t b = 0; st == PA_OK && b < B; b++) {
+        if (b == 0 && h_ip[0] != 0)
+            st = pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: first entry is %d, expected 0", h_ip[0]);
+        else if (h_ip[b + 1] < h_ip[b])
+            st = pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: decreases at entry %lld (%d after %d)", (long long)b + 1,
+                         h_ip[b + 1], h_ip[b]);
+        else if (h_ip[b + 1] - h_ip[b] > width)
+            width = h_ip[b + 1] - h_ip[b];
+    }
+    if (st == PA_OK && B > 0 && h_ip[B] > ix->numel)
+        st = pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: last entry is %d, but kv_indices has %lld entries", h_ip[B],
+                     (long long)ix->numel);
+    int32_t *table = NULL;
+    if (st == PA_OK && B * width > 0) {
+        table = scratch_alloc(&s, sizeof(int32_t) * (size_t)(B * width));
+        if (!table) st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+        for (int64_t b = 0; st == PA_OK && b < B; b++)
+            memcpy(table + b * width, h_ix + h_ip[b], sizeof(int32_t) * (size_t)(h_ip[b + 1] - h_ip[b]));
+    }
+    if (st == PA_OK) {
+        const int64_t shape[2] = {B, width};
+        st = pa_tensor_create(ctx, dev, PA_I32, 2, shape, out);
+        if (st == PA_OK && table) st = pa_tensor_write(ctx, *out, 0, table, B * width);
+        if (st) {
+            pa_tensor_destroy(*out);
+            *out = NULL;
+        }
+    }
+    scratch_free(&s);
+    return st;
+}
+
+/* kv_last_page_len, where given, against the keys each sequence attends. */
+static pa_status check_last_page_len(pa_context *ctx, const pa_attention_params *p, const pa_attn_problem *pb) {
+    const pa_tensor *lp = p->kv_last_page_len;
+    if (!lp) return PA_OK;
+    if (!p->kv_indptr) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_last_page_len: belongs to the CSR form (kv_indptr)");
+    TRY(check_common(ctx, "kv_last_page_len", lp, pb->dev));
+    TRY(check_dtype(ctx, "kv_last_page_len", lp, PA_I32));
+    int64_t dims[1] = {pb->batch};
+    TRY(check_shape(ctx, "kv_last_page_len", lp, "[B]", 1, dims));
+    if (!pb->h_seqlen_k) return PA_OK; /* nothing attended or appended */
+    scratch s = {{0}, 0};
+    const int32_t *h = NULL;
+    pa_status st = host_i32(ctx, &s, lp, &h);
+    for (int32_t b = 0; st == PA_OK && b < pb->batch; b++) {
+        const int64_t sk = pb->h_seqlen_k[b], last = sk > 0 ? sk - (sk - 1) / pb->page_size * pb->page_size : 0;
+        if (h[b] != last)
+            st = pa_fail(ctx, PA_ERR_ARGUMENT,
+                         "kv_last_page_len: entry %d is %d, but sequence %d attends %lld keys (%lld in its last page)", b,
+                         h[b], b, (long long)sk, (long long)last);
+    }
+    scratch_free(&s);
+    return st;
+}
+
 static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb) {
     if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
     /* What the kernels write: the caches only when appending. A read-only
@@ -530,8 +611,47 @@ static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_prob
     return pb->dev->ops->attention(ctx, pb);
 }
 
+static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p);
+static pa_status varlen(pa_context *ctx, const pa_attention_params *p);
+
+/* Either form, with the CSR form of the pages turned into a block table for
+ * the call (B: the call's sequences). */
+static pa_status with_csr(pa_context *ctx, const pa_attention_params *p, int64_t B,
+                          pa_status (*form)(pa_context *, const pa_attention_params *)) {
+    if (!p->kv_indptr) {
+        if (p->kv_indices) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: missing (kv_indices was given)");
+        if (p->kv_last_page_len)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_last_page_len: belongs to the CSR form (kv_indptr)");
+        return form(ctx, p);
+    }
+    pa_tensor *table = NULL;
+    TRY(csr_block_table(ctx, p, B, &table));
+    pa_attention_params q = *p;
+    q.block_table = table;
+    pa_status st = form(ctx, &q);
+    pa_tensor_destroy(table);
+    if (st == PA_ERR_ARGUMENT && ctx && strncmp(ctx->message, "block_table: ", 13) == 0) {
+        /* the table is the call's own: the caller gave it as kv_indices */
+        char msg[PA_ERRMSG_LEN];
+        snprintf(msg, sizeof msg, "%s", ctx->message + 13);
+        return pa_fail(ctx, st, "kv_indices (as the block table [B, widest]): %s", msg);
+    }
+    return st;
+}
+
 pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *p) {
     TRY(check_q(ctx, p, 4, "[B, Sq, H, D]"));
+    return with_csr(ctx, p, p->q->shape[0], with_kvcache);
+}
+
+pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
+    TRY(check_q(ctx, p, 3, "[total_q, H, D]"));
+    const pa_tensor *cu = p->cu_seqlens_q;
+    if (!cu) return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: missing");
+    return with_csr(ctx, p, cu->ndim == 1 && cu->shape[0] >= 1 ? cu->shape[0] - 1 : 0, varlen);
+}
+
+static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p) {
     if (p->cu_seqlens_q)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: belongs to attention_varlen");
     if (p->seqused_k) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: belongs to attention_varlen");
@@ -567,14 +687,14 @@ pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
         st = build_problem(ctx, p, false, work, &pb, &s);
+        if (st == PA_OK) st = check_last_page_len(ctx, p, &pb);
         if (st == PA_OK && work) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
     return st;
 }
 
-pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
-    TRY(check_q(ctx, p, 3, "[total_q, H, D]"));
+static pa_status varlen(pa_context *ctx, const pa_attention_params *p) {
     if (p->cache_seqlens)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "cache_seqlens: belongs to attention_with_kvcache (varlen uses seqused_k)");
@@ -646,6 +766,7 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
         st = build_problem(ctx, p, true, pb.total_q > 0, &pb, &s);
+        if (st == PA_OK) st = check_last_page_len(ctx, p, &pb);
         if (st == PA_OK && pb.total_q > 0) st = run(ctx, p, &pb);
     }
     scratch_free(&s);

@@ -1,19 +1,16 @@
-/* device.c -- opening devices by name; one shared instance per physical device. */
+/* device.c -- opening devices by name through the backend registry
+ * (src/backends.c); one shared instance per physical device. */
 #include "internal.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#define PA_MAX_CUDA_DEVICES 64
+#define PA_MAX_BACKENDS 8
+#define PA_MAX_DEVICES 64 /* per backend */
 
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static pa_device *cpu_devices[2]; /* "cpu", "cpu:staged" */
-static pa_device *cuda_devices[PA_MAX_CUDA_DEVICES];
-
-static pa_device **registry_slot(pa_device_kind kind, int index) {
-    return kind == PA_DEVICE_CPU ? &cpu_devices[index ? 1 : 0] : &cuda_devices[index];
-}
+static pa_device *instances[PA_MAX_BACKENDS][PA_MAX_DEVICES];
 
 void pa_device_retain(pa_device *dev) { atomic_fetch_add(&dev->refcount, 1); }
 
@@ -21,62 +18,73 @@ void pa_device_release(pa_device *dev) {
     if (!dev) return;
     pthread_mutex_lock(&registry_lock);
     if (atomic_fetch_sub(&dev->refcount, 1) == 1) {
-        pa_device **slot = registry_slot(dev->kind, dev->index);
+        pa_device **slot = &instances[dev->backend][dev->index];
         if (*slot == dev) *slot = NULL;
         dev->ops->destroy(dev);
     }
     pthread_mutex_unlock(&registry_lock);
 }
 
-/* Parses "cpu", "cpu:staged" (index 1: the CPU reached by copies, for
- * tests), "cuda", "cuda:N". */
-static pa_status parse_name(pa_context *ctx, const char *name, pa_device_kind *kind, int *index) {
-    *index = 0;
-    if (strcmp(name, "cpu") == 0 || strcmp(name, "cpu:staged") == 0) {
-        *kind = PA_DEVICE_CPU;
-        *index = name[3] == ':';
-        return PA_OK;
+void *pa_backend_proc(const char *name) {
+    for (int b = 0; pa_backends[b]; b++) {
+        void *f = pa_backends[b]->proc ? pa_backends[b]->proc(name) : NULL;
+        if (f) return f;
     }
-    if (strncmp(name, "cuda", 4) == 0) {
-        *kind = PA_DEVICE_CUDA;
-        if (name[4] == '\0') return PA_OK;
-        if (name[4] == ':') {
-            char *end = NULL;
-            long v = strtol(name + 5, &end, 10);
-            if (end != name + 5 && *end == '\0' && v >= 0 && v < PA_MAX_CUDA_DEVICES) {
-                *index = (int)v;
+    return NULL;
+}
+
+/* The backend and device index a name asks for ("cpu", "cpu:staged",
+ * "cuda", "cuda:3", ...: each backend parses what follows its own name). */
+static pa_status parse_name(pa_context *ctx, const char *name, int *backend, int *index) {
+    char known[256] = "";
+    size_t n = 0;
+    for (int b = 0; pa_backends[b] && b < PA_MAX_BACKENDS; b++) {
+        const pa_backend_reg *r = pa_backends[b];
+        const size_t len = strlen(r->name);
+        if (strncmp(name, r->name, len) == 0) {
+            const int i = r->parse(name + len);
+            if (i >= 0 && i < r->max_devices && i < PA_MAX_DEVICES) {
+                *backend = b;
+                *index = i;
                 return PA_OK;
             }
         }
+        if (n < sizeof known)
+            n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", n ? ", " : "", r->names);
     }
-    return pa_fail(ctx, PA_ERR_ARGUMENT,
-                   "device: unknown device name '%s' (expected \"cpu\", \"cuda\" or \"cuda:N\")",
-                   name);
+    return pa_fail(ctx, PA_ERR_ARGUMENT, "device: unknown device name '%s' (expected one of %s)", name, known);
+}
+
+/* The name of the default device: $PAGEDATTN_DEVICE, else the first backend
+ * usable here. */
+static const char *default_name(void) {
+    const char *name = getenv("PAGEDATTN_DEVICE");
+    if (name && *name) return name;
+    for (int b = 0; pa_backends[b]; b++) {
+        char why[256];
+        if (pa_backends[b]->usable(why, sizeof why)) return pa_backends[b]->name;
+    }
+    return "cpu";
 }
 
 pa_status pa_device_open(pa_context *ctx, const char *name, pa_device **out) {
     if (!out) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: out is NULL");
     *out = NULL;
-    if (!name || !*name) name = getenv("PAGEDATTN_DEVICE");
-    if (!name || !*name) {
-        char why[256];
-        name = pa_cuda_usable(why, sizeof why) ? "cuda" : "cpu";
-    }
-    pa_device_kind kind;
-    int index;
-    pa_status st = parse_name(ctx, name, &kind, &index);
+    if (!name || !*name) name = default_name();
+    int backend, index;
+    pa_status st = parse_name(ctx, name, &backend, &index);
     if (st) return st;
 
     pthread_mutex_lock(&registry_lock);
-    pa_device **slot = registry_slot(kind, index);
+    pa_device **slot = &instances[backend][index];
     if (*slot) {
         pa_device_retain(*slot);
         *out = *slot;
     } else {
-        st = kind == PA_DEVICE_CPU ? pa_cpu_device_create(ctx, index == 1, out)
-                                   : pa_cuda_device_create(ctx, index, out);
+        st = pa_backends[backend]->create(ctx, index, out);
         if (st == PA_OK) {
             atomic_store(&(*out)->refcount, 1);
+            (*out)->backend = backend;
             *slot = *out;
         }
     }
@@ -103,4 +111,44 @@ pa_status pa_device_measure_ceilings(pa_context *ctx, pa_device *dev, double sec
         return pa_fail(ctx, PA_ERR_ARGUMENT, "seconds: %g is not in (0, 600)", seconds);
     memset(out, 0, sizeof *out);
     return dev->ops->measure_ceilings(ctx, dev, seconds, out);
+}
+
+/* ---- the laboratory's instruments that belong to a backend (pagedattn_lab.h) ---- */
+
+pa_status pa_device_timing(pa_context *ctx, pa_device *dev, int on) {
+    if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: NULL");
+    if (!dev->ops->timing) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "timing: %s cannot time its kernels", dev->name);
+    return dev->ops->timing(ctx, dev, on);
+}
+
+pa_status pa_device_timing_last(pa_context *ctx, pa_device *dev, double *seconds) {
+    if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: NULL");
+    if (!seconds) return pa_fail(ctx, PA_ERR_ARGUMENT, "seconds: NULL");
+    *seconds = 0;
+    if (!dev->ops->timing_last) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "timing: %s cannot time its kernels", dev->name);
+    return dev->ops->timing_last(ctx, dev, seconds);
+}
+
+/* The kernel catalog and compiler: the extras of the backend that compiles
+ * kernels at run time (none: an empty catalog). */
+typedef int (*catalog_size_fn)(void);
+typedef const char *(*catalog_name_fn)(int);
+typedef pa_status (*compile_fn)(pa_context *, const char *, const char *, int, int *);
+
+int pa_kernel_catalog_size(void) {
+    catalog_size_fn f = (catalog_size_fn)pa_backend_proc("kernel_catalog_size");
+    return f ? f() : 0;
+}
+
+const char *pa_kernel_catalog_name(int index) {
+    catalog_name_fn f = (catalog_name_fn)pa_backend_proc("kernel_catalog_name");
+    return f ? f(index) : NULL;
+}
+
+pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *arch, int use_disk_cache,
+                            int *was_cached) {
+    if (was_cached) *was_cached = 0;
+    compile_fn f = (compile_fn)pa_backend_proc("kernel_compile");
+    if (!f) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "kernel compile: no backend compiles kernels");
+    return f(ctx, variant, arch, use_disk_cache, was_cached);
 }

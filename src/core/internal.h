@@ -7,6 +7,7 @@
 #define PA_INTERNAL_H
 
 #include "../pagedattn.h"
+#include "../pagedattn_lab.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -65,7 +66,33 @@ typedef struct pa_backend_ops {
     pa_status (*measure_ceilings)(pa_context *ctx, pa_device *dev, double seconds,
                                   pa_ceilings *out);
     void (*destroy)(pa_device *dev);
+    /* maybe (NULL: the device cannot): device-side timing of attention calls */
+    pa_status (*timing)(pa_context *ctx, pa_device *dev, int on);
+    pa_status (*timing_last)(pa_context *ctx, pa_device *dev, double *seconds);
 } pa_backend_ops;
+
+/* A backend as the core sees it. The registry (src/backends.c) lists them in
+ * order of preference; the core finds devices, the default device and a
+ * backend's extras through it and never names a backend. */
+typedef struct pa_backend_reg {
+    const char *name; /* what a device name starts with: "cpu", "cuda" */
+    const char *names; /* the names it takes, for messages: "\"cuda\" or \"cuda:N\"" */
+    int max_devices;  /* device indices 0 .. max_devices - 1 */
+    /* The index that the rest of a name after `name` ("", ":1", ...) asks
+     * for, or -1 when it is not this backend's. */
+    int (*parse)(const char *rest);
+    /* Whether it may serve as the default device (else *why says why not). */
+    bool (*usable)(char *why, size_t why_len);
+    pa_status (*create)(pa_context *ctx, int index, pa_device **out);
+    /* An extra of the backend as a whole (not of one device), by name
+     * ("kernel_catalog_size", ...), or NULL: as ggml's get_proc_address. */
+    void *(*proc)(const char *name);
+} pa_backend_reg;
+
+/* NULL-terminated, by preference: the default device is the first usable. */
+extern const pa_backend_reg *const pa_backends[];
+/* The first backend offering extra `name`, or NULL. */
+void *pa_backend_proc(const char *name);
 
 struct pa_device {
     atomic_int refcount;
@@ -77,6 +104,7 @@ struct pa_device {
     int num_threads;
     const pa_backend_ops *ops;
     void *impl;
+    int backend; /* its entry in pa_backends (set by the registry) */
 };
 
 void pa_device_retain(pa_device *dev);
@@ -351,18 +379,6 @@ static inline void pa_randn4(uint64_t block, uint64_t seed, double out[4]) {
 const char *pa_shape_str(const pa_tensor *t, char *buf, size_t len);
 bool pa_env_flag(const char *name);
 
-/* Attention's downloads of index tensors so far (attention.c). Exported but
- * not in the public header: for the specs (they ffi.cdef it), which check
- * that attention with mirrored index tensors does not wait for the device. */
-int64_t pa_debug_index_downloads(void);
 
-/* backends */
-/* staged: the CPU backend behind the interface of a discrete device (the
- * host reads and writes its memory only through upload/download: device
- * "cpu:staged"), so that CI covers the paths a GPU takes. */
-pa_status pa_cpu_device_create(pa_context *ctx, bool staged, pa_device **out);
-pa_status pa_cuda_device_create(pa_context *ctx, int index, pa_device **out);
-/* Whether a CUDA device can be opened here (sets *why when not). */
-bool pa_cuda_usable(char *why, size_t why_len);
 
 #endif /* PA_INTERNAL_H */

@@ -441,7 +441,7 @@ static pa_status timing_setup(pa_context *ctx, cuda_impl *impl) {
     return PA_OK;
 }
 
-pa_status pa_device_timing(pa_context *ctx, pa_device *dev, int on) {
+static pa_status cuda_timing(pa_context *ctx, pa_device *dev, int on) {
     cuda_impl *impl = NULL;
     pa_status st = timing_device(ctx, dev, &impl);
     if (st) return st;
@@ -456,12 +456,10 @@ pa_status pa_device_timing(pa_context *ctx, pa_device *dev, int on) {
     return st;
 }
 
-pa_status pa_device_timing_last(pa_context *ctx, pa_device *dev, double *seconds) {
+static pa_status cuda_timing_last(pa_context *ctx, pa_device *dev, double *seconds) {
     cuda_impl *impl = NULL;
     pa_status st = timing_device(ctx, dev, &impl);
     if (st) return st;
-    if (!seconds) return pa_fail(ctx, PA_ERR_ARGUMENT, "seconds: NULL");
-    *seconds = 0;
     pthread_mutex_lock(&impl->lock);
     if (!impl->timed) {
         st = pa_fail(ctx, PA_ERR_ARGUMENT, "timing: no attention call was timed on %s yet "
@@ -541,6 +539,8 @@ static const pa_backend_ops cuda_ops = {
     cuda_synchronize,
     cuda_measure_ceilings,
     cuda_destroy,
+    cuda_timing,
+    cuda_timing_last,
 };
 
 static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_device *dev) {
@@ -577,7 +577,7 @@ static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_de
     return PA_OK;
 }
 
-pa_status pa_cuda_device_create(pa_context *ctx, int index, pa_device **out) {
+static pa_status cuda_device_create(pa_context *ctx, int index, pa_device **out) {
     *out = NULL;
     char why[1024];
     if (!pa_cuda_usable(why, sizeof why))
@@ -609,3 +609,25 @@ pa_status pa_cuda_device_create(pa_context *ctx, int index, pa_device **out) {
     *out = dev;
     return PA_OK;
 }
+
+/* ---- the registry's entry (src/backends.c) ---- */
+
+static int cuda_parse(const char *rest) {
+    if (rest[0] == '\0') return 0;
+    if (rest[0] != ':' || rest[1] < '0' || rest[1] > '9') return -1;
+    char *end = NULL;
+    long v = strtol(rest + 1, &end, 10);
+    return *end == '\0' && v >= 0 && v < 1024 ? (int)v : -1;
+}
+
+/* The backend's extras (pagedattn_lab.h's kernel catalog and compiler). */
+static void *cuda_proc(const char *name) {
+    if (strcmp(name, "kernel_catalog_size") == 0) return (void *)pa_cuda_kernel_catalog_size;
+    if (strcmp(name, "kernel_catalog_name") == 0) return (void *)pa_cuda_kernel_catalog_name;
+    if (strcmp(name, "kernel_compile") == 0) return (void *)pa_cuda_kernel_compile;
+    return NULL;
+}
+
+const pa_backend_reg pa_cuda_backend = {
+    "cuda", "\"cuda\", \"cuda:N\"", 64, cuda_parse, pa_cuda_usable, cuda_device_create, cuda_proc,
+};

@@ -43,6 +43,8 @@ bool pa_cuda_open_toolkit_lib(const char *env, const char *stem, const char *wha
 
 /* Records a failed driver call (its text, the file and line) on ctx. */
 pa_status pa_cu_fail(pa_context *ctx, CUresult r, const char *call, const char *file, int line);
+/* Whether a CUDA device can be opened here (sets *why when not). */
+bool pa_cuda_usable(char *why, size_t why_len);
 #define CU_TRY(ctx, call)                                                   \
     do {                                                                    \
         CUresult r_ = (call);                                               \
@@ -150,6 +152,11 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
 pa_status pa_cuda_function(pa_context *ctx, cuda_impl *impl, pa_kmodule *m, const char *entry,
                            int smem_bytes, CUfunction *out);
 void pa_cuda_modules_free(cuda_impl *impl);
+/* pagedattn_lab.h's catalog and compiler, offered through the registry */
+int pa_cuda_kernel_catalog_size(void);
+const char *pa_cuda_kernel_catalog_name(int index);
+pa_status pa_cuda_kernel_compile(pa_context *ctx, const char *variant, const char *arch, int use_disk_cache,
+                                 int *was_cached);
 
 /* ---- kernel_sources.c: the kernels/ sources, embedded at build time ---- */
 

@@ -247,10 +247,10 @@ static const char *const catalog[] = {
     "prefill_ws dtype=bf16 D=256 gt=8 page=256 stages=2 natural=0 tma=2",
 };
 
-int pa_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }
+int pa_cuda_kernel_catalog_size(void) { return (int)(sizeof catalog / sizeof catalog[0]); }
 
-const char *pa_kernel_catalog_name(int index) {
-    return index >= 0 && index < pa_kernel_catalog_size() ? catalog[index] : NULL;
+const char *pa_cuda_kernel_catalog_name(int index) {
+    return index >= 0 && index < pa_cuda_kernel_catalog_size() ? catalog[index] : NULL;
 }
 
 /* ---- sources ---- */
@@ -605,8 +605,8 @@ static pa_status variant_image(pa_context *ctx, const char *variant, const kvari
     return st;
 }
 
-pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *arch,
-                            int use_disk_cache, int *was_cached) {
+pa_status pa_cuda_kernel_compile(pa_context *ctx, const char *variant, const char *arch,
+                                 int use_disk_cache, int *was_cached) {
     if (was_cached) *was_cached = 0;
     kvariant v;
     pa_status st = parse_variant(ctx, variant, &v);
