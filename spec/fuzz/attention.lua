@@ -664,7 +664,11 @@ local MUTATIONS = {
       last[b] = last[b] + pick(x.rng, { 1, -1, x.f.ps, I32_MAX - last[b] })
       set_csr(x, ip, ix, last)
       return
-    elseif r == 10 then x.opts.kv_last_page_len = ints(x, last) return -- without kv_indptr
+    elseif r == 10 then -- kv_last_page_len with a block table
+      x.opts.kv_indptr, x.opts.kv_indices = nil, nil
+      x.opts.block_table = ints(x, x.inputs.opts.block_table.data, x.inputs.opts.block_table.shape)
+      x.opts.kv_last_page_len = ints(x, last)
+      return
     elseif r == 11 then -- a page outside the pool
       if #ix == 0 then return false end
       x.needs_work = true
