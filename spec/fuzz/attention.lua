@@ -700,6 +700,10 @@ local MUTATIONS = {
     if not x.f.ps then return false end
     local ip, ix, last = csr_of(x, pick(x.rng, { 0, 0, 1, 3 }))
     set_csr(x, ip, ix, chance(x.rng, 0.5) and last or nil)
+    -- the call's capacity is now the longest list's
+    local widest = 0
+    for b = 1, x.f.B do widest = math.max(widest, ip[b + 1] - ip[b]) end
+    x.f.capacity = widest * x.f.ps
   end },
   { name = "lua_tables_for_indices", kind = "same", apply = function(x)
     local io = x.inputs.opts
