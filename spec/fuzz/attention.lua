@@ -256,8 +256,6 @@ end
 local function tensor(x, shape, dtype) return assert(pa.tensor(shape, dtype or x.dt, x.dev)) end
 local function ints(x, values, shape) return assert(pa.from_table(values, shape or { #values }, "i32", x.dev)) end
 local function copy_list(t) local r = {} for i = 1, #t do r[i] = t[i] end return r end
--- q's shape now (another mutation may have replaced q by a non-tensor)
-local function qshape(x) return is_tensor(x.q) and x.q.shape or x.inputs.q.shape end
 local function shape_plus(shape, i, d) local s = copy_list(shape) s[i] = s[i] + d return s end
 
 -- A freed copy of t (t:free()), or of a small tensor when t is not one.
@@ -580,7 +578,7 @@ local MUTATIONS = {
   -- out
   { name = "out_bad", kind = "fail", apply = function(x)
     local r = x.rng:int(1, 5)
-    local s = qshape(x)
+    local s = x.inputs.q.shape -- (not q's: another mutation may have made it huge and empty)
     if r == 1 then x.opts.out = tensor(x, shape_plus(s, x.rng:int(1, #s), 1))
     elseif r == 2 then x.opts.out = tensor(x, s, other(x.rng, { "f32", "f16", "bf16", "i32" }, x.dt))
     elseif r == 3 then x.opts.out = x.q
