@@ -1,7 +1,7 @@
 -- The CPU's differential suite on the CUDA device: random problems (shapes,
 -- page sizes 1 to 256 and contiguous caches, block tables with duplicates,
 -- every option) against the pure-Lua float64 reference, with the tolerance
--- rule of DESIGN.md. Tagged #gpu; pending where there is no CUDA device.
+-- rule of docs/design.md. Tagged #gpu; pending where there is no CUDA device.
 --   PAGEDATTN_SPEC_SCALE=x scales the number of cases; a failure prints its seed.
 local check = require "pagedattn.check"
 local ref = require "pagedattn.reference"
@@ -105,13 +105,13 @@ describe("#gpu CUDA against the float64 reference", function()
   end)
 
   -- short units, unsplit, each of a block's four warps on a head tile of its
-  -- own (decode_mma hw=1; kernels/NOTES.md, session 20), at 8 and 16 keys a
+  -- own (decode_mma hw=1; docs/decode.md), at 8 and 16 keys a
   -- warp: at most 8 rows a tile (GQA groups 1-8 and their query counts), 4
   -- where q is rotated in the call; head tiles in fours (4, 8 or 12 kv
   -- heads), every call (PERSIST_MIN_KEYS) unsplit (SPLIT_CHUNK); HW=2: also
   -- where its blocks fill too little of the GPU (hw_waves_ok), and a call
   -- that does not run so fails. Either one block a unit
-  -- (PAGEDATTN_DECODE_HW_PERSIST=0), or persistent blocks (session 35),
+  -- (PAGEDATTN_DECODE_HW_PERSIST=0), or persistent blocks,
   -- three of them here, so that each takes several units from the counter,
   -- loading the next while the current one streams (units of 8 stages or
   -- more) or waiting for it (shorter ones).
@@ -142,7 +142,7 @@ describe("#gpu CUDA against the float64 reference", function()
 
   -- one block per unit, paged caches, the splits of a query tile claiming its
   -- keys past their first 2 x stages + 2 stages, two stages a claim
-  -- (kernels/NOTES.md, session 17): splits of 1024 keys, the first sequence long enough to
+  -- (docs/decode.md): splits of 1024 keys, the first sequence long enough to
   -- split, others short or empty (one unit) or long (several splits);
   -- PAGEDATTN_DECODE_CLAIM=2 fails any call whose splits would not claim, so
   -- every case runs the claims. (Not 601-1099 keys: at page 1 the page-id

@@ -389,6 +389,29 @@ describe("hardening (issue 46)", function()
     local dev, why = G.device()
     if G.pending_without(pending, dev, why) then return end
     it("key counts are refused past 2^30 and right at it", function() key_limits(dev) end)
+    it("v near the largest bf16 / f32 value gives a finite output (decode kernels, the fallback; splits)", function()
+      -- D 128: the tensor-core decode; 40: the CUDA-core decode and the fallback (the
+      -- tensor-core prefill kernels keep their softmax: kernels/attn_common.cuh says why)
+      for _, dt in ipairs { "bf16", "f32" } do
+        for _, D in ipairs { 128, 40 } do
+          for _, sq in ipairs(D == 128 and dt == "bf16" and { 1, 3, 8 } or { 1, 3, 200 }) do
+            for _, ns in ipairs { 0, 1, 4 } do
+              local kc = pa.randn({ 2, 512, 2, D }, dt, dev, 1)
+              local vc = pa.tensor({ 2, 512, 2, D }, dt, dev):fill(3e38)
+              local q = pa.randn({ 2, sq, 8, D }, dt, dev, 2)
+              local out = assert(pa.attention_with_kvcache(q, kc, vc, { cache_seqlens = 512, num_splits = ns, causal = true }))
+              local want = vc:to_table(0, 1)[1]
+              for i, x in ipairs(out:to_table()) do
+                if not (math.abs(x - want) <= want * 2 ^ -6) then
+                  error(string.format("%s D %d sq %d splits %d: element %d is %g, expected %g", dt, D, sq, ns, i, x, want))
+                end
+              end
+            end
+          end
+        end
+      end
+    end)
+
     it("a view outlives its batch: a clear error", function()
       local cache = assert(pa.kv_cache { num_pages = 8, page_size = 4, kv_heads = 1, head_dim = 8, device = dev })
       local b = assert(cache:batch())

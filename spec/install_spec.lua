@@ -84,6 +84,36 @@ describe("scripts/install", function()
     assert.matches("\ncpu\n", out, 1, true)
   end)
 
+  it("installs every module under lua/pagedattn/, subfolders included (pagedattn.sweep.*)", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local p = io.popen("cd '" .. root .. "/lua' && find pagedattn -name '*.lua' | sort")
+    local n = 0
+    for rel in p:lines() do
+      n = n + 1
+      assert.is_true(H.read_file(lua .. "/" .. rel) ~= nil, "not installed: " .. rel)
+    end
+    p:close()
+    assert.is_true(n > 10)
+    local cmd = string.format("cd / && LUA_PATH='%s/?.lua;;' luajit -e 'local s = require \"pagedattn.sweep\"; " ..
+      "print(type(s.plot), type(s.run), type(require(\"pagedattn.sweep.csv\").read_csv))'", lua)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches("^function%s+function%s+function%s*$", out)
+  end)
+
+  it("installs the subpackages: pagedattn.serve and its built-in policies", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local cmd = string.format("cd / && env -u PAGEDATTN_LIB -u PAGEDATTN_HEADER -u PAGEDATTN_ROOT " ..
+      "LUA_PATH='%s/?.lua;%s/?/init.lua;;' LUA_CPATH='%s/lib/lua/5.1/?.so;;' " ..
+      "luajit -e 'local s = require \"pagedattn.serve\"; print(s.policy(\"lpm\").path); " ..
+      "print(#s.run{ layers = 0, device = \"cpu\", synthetic = { requests = 3 }, page_size = 4, pages = 40 }.records)'",
+      lua, lua, prefix)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches(lua .. "/pagedattn/serve/policies/lpm.lua", out, 1, true)
+    assert.matches("\n3\n", out, 1, true)
+  end)
+
   it("installs the sweep runner and the plotter as commands", function()
     local rc, out = sh(string.format("cd / && env -u LUA_PATH '%s/bin/pagedattn-sweep' --help", prefix))
     assert.are.equal(0, rc, out)

@@ -269,12 +269,13 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
              * (An unshared page, the usual case, needs no look at the stamps.) */
             const int32_t p = s->pages[pa_page_index(pool, len)];
             const int32_t rc = pool->refcount[p];
-            if (rc > 1) {
+            const bool cached = pa_pool_page_cached(pool, p); /* never written: every writer copies */
+            if (rc > 1 || cached) {
                 if (pool->page_stamp[p] != epoch) {
                     pool->page_stamp[p] = epoch;
                     pool->page_drops[p] = 0;
                 }
-                if (rc - pool->page_drops[p] > 1) {
+                if (cached || rc - pool->page_drops[p] > 1) {
                     e->cow = true;
                     pool->page_drops[p]++;
                     cows++;
@@ -291,10 +292,10 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
     need += cows;
     if (total_q > INT32_MAX || nnz > INT32_MAX)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: the batch has more than 2^31 - 1 new tokens or pages");
-    if (need > pool->free_top)
+    if (need > pa_pool_available(pool))
         return pa_fail(ctx, PA_ERR_OUT_OF_PAGES,
                        "seqs: out of pages: the batch needs %lld more pages (%lld of them copies of shared pages), the pool has %lld free of %lld",
-                       (long long)need, (long long)cows, (long long)pool->free_top, (long long)pool->num_pages);
+                       (long long)need, (long long)cows, (long long)pa_pool_available(pool), (long long)pool->num_pages);
 
     /* layout of the staging buffer */
     const size_t B = (size_t)n, T = (size_t)total_q;
@@ -405,7 +406,7 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
     }
     pool->tokens += total_q;
     {
-        int64_t used = pool->num_pages - pool->free_top;
+        int64_t used = pool->num_pages - pa_pool_available(pool);
         if (used > pool->peak_used) pool->peak_used = used;
     }
     if (!b->dev->host_accessible && total > 0) {
