@@ -672,15 +672,11 @@ local MUTATIONS = {
       x.needs_work = true
       ix[x.rng:int(1, #ix)] = pick(x.rng, { -1, x.f.num_pages, I32_MAX, I32_MIN })
     else
-      -- a sequence's list a page short of what its keys need. Only the
-      -- widest row is refused today (M.KNOWN_BUGS.csr_short_row_reads_page_0),
-      -- so unless strict, the one row that stays the widest
+      -- a sequence's list a page short of what its keys need (any row: the
+      -- call must refuse it, kv_indptr)
       local rows = {}
       for b = 1, x.f.B do
         local ok = x.f.pages[b] > 0
-        if ok and not x.strict then
-          for o = 1, x.f.B do if o ~= b and x.f.pages[o] >= x.f.pages[b] then ok = false end end
-        end
         if ok then rows[#rows + 1] = b end
       end
       if #rows == 0 then return false end
@@ -783,6 +779,7 @@ local MUTATIONS = {
       end
     end
     x.q = tensor(x, q)
+    x.f.max_q = 0 -- (no sequence: any max_seqlen_q >= 0 is right now)
     x.opts.out = nil
     if not x.f.ps then x.opts.cache_batch_idx = tensor(x, { 0 }, "i32") end -- (else B_cache must be 0)
     if x.opts.kv_indptr then
@@ -882,33 +879,15 @@ local RANK = { same = 1, pass = 2, any = 3, fail = 4 }
 -- Library bugs this fuzzer found and steps around, so that CI stays useful
 -- until they are fixed (each has a failing spec in the fuzzers' commit).
 M.KNOWN_BUGS = {
-  -- pa_attention_with_kvcache sizes per-sequence arrays from q's batch before
-  -- it checks k's shape: q [2^27 - 1, 0, H, D] with a k of one token takes
-  -- 3 s and 2.6 GB to be refused, q [2^31 - 1, 0, H, D] exhausts memory. Only
-  -- a clock would tell, so these mutations are never combined, even strict.
-  huge_batch_with_k = { "no_queries_huge_batch", { "kv_half", "kv_shape", "kv_dtype", "alias_cache" } },
-  -- (below: stepped around unless run{strict = true})
-  -- a sequence whose CSR page list (kv_indptr, kv_indices) is shorter than
-  -- its keys need is accepted unless its row is the widest: the padded block
-  -- table made from the lists has 0 there, so it reads page 0, and an append
-  -- writes into page 0, which another sequence may hold (csr_bad, case 12)
-  csr_short_row_reads_page_0 = true,
+  -- (none now: the six this fuzzer and the pool's found are fixed, each with
+  -- a case in spec/hardening_spec.lua's "found by the fuzzers")
+  huge_batch_with_k = { "no_queries_huge_batch", {} },
 }
 
 -- Bugs known by their message: such a refusal is counted in s.known (the
 -- call still must change nothing) instead of failing the run, unless
 -- run{strict = true} (scripts/fuzz.lua --strict).
-M.KNOWN_MESSAGES = {
-  -- b:append_kv(k, v, 5) indexes the number inside batch.lua instead of
-  -- raising an error that names opts
-  { name = "append_kv_opts_not_table", pattern = "batch%.lua:%d+: attempt to index local 'opts'" },
-  -- a q of fewer dimensions than its form with return_softmax_lse: the Lua
-  -- layer makes lse from q's shape before anyone checks it, and blames "shape"
-  { name = "lse_shape_before_q_checked", pattern = "^[^\n]*: pagedattn%.attention_[%w_]+: shape: dimension %d+ is nil" },
-  -- ... and allocates it: for an empty q [1, 2^30, 65536, 0] that is 256 GiB;
-  -- when that fails, "attempt to index local 'lse' (a nil value)"
-  { name = "lse_allocated_before_q_checked", pattern = "attention%.lua:%d+: attempt to index local 'lse'" },
-}
+M.KNOWN_MESSAGES = {}
 
 -- The known bug a message shows, when the run steps around known bugs.
 local function known_bug(st, msg)

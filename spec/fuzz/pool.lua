@@ -50,13 +50,7 @@ end
 local function pick(rng, list) return list[rng:int(1, #list)] end
 
 -- Library bugs this fuzzer found and steps around unless run{strict = true}.
-M.KNOWN_BUGS = {
-  -- b:unstage() after a fork of a staged sequence: a page that the stage
-  -- filled and the fork shares becomes a reserved page of the unstaged
-  -- sequence again (validate(): "reserved page 2 (page 2) is held 2 times"),
-  -- and its next append writes into it, over the fork's tokens
-  unstage_keeps_shared_reserved_pages = true,
-}
+M.KNOWN_BUGS = {} -- (none now: each one found is fixed, with a case in spec/hardening_spec.lua)
 
 function M.rerun(seed, iters, device)
   return string.format("scripts/run scripts/fuzz.lua pool --seed %d --iters %d --device %s", seed, iters, device)
@@ -497,8 +491,8 @@ function M.episode(o)
         return
       end
     end
-    -- a page the stage filled, shared by a fork since, and reserved again by
-    -- the undo: the library keeps it (known bug, see M.KNOWN_BUGS)
+    -- a page the stage filled, shared by a fork since, would be reserved
+    -- again by the undo: the library refuses the undo then
     local rc = refcounts()
     local shared_reserved = false
     for _, u in ipairs(bb.undo) do
@@ -506,9 +500,9 @@ function M.episode(o)
         if rc[u.m.pages[j]] > 1 then shared_reserved = true end
       end
     end
-    if shared_reserved and not o.strict then
-      known.unstage_keeps_shared_reserved_pages = (known.unstage_keeps_shared_reserved_pages or 0) + 1
-      bb.skip_unstage = true -- (until the next good stage replaces the record)
+    if shared_reserved then
+      expect_failure("unstage", "unstage after a fork shares pages it filled", false, b.unstage, b)
+      count("unstage_refused")
       return
     end
     local snap = snapshot()
