@@ -23,12 +23,12 @@ backend and a CUDA backend opened at run time (no link-time CUDA dependency),
 driven from LuaJIT through FFI; with a pure-Lua reference, busted specs and an
 experiment-sweep runner (pagedattn-sweep, pagedattn-plot).
 ]],
-  -- the repository has no LICENSE file yet: set this when it does
-  license = "unspecified",
+  license = "Apache-2.0", -- LICENSE
   labels = { "luajit", "ffi", "attention", "cuda", "llm" },
 }
 dependencies = {
   "lua >= 5.1, < 5.2", -- LuaJIT
+  "dkjson >= 2.5",      -- pagedattn.serve: Mooncake traces, summaries (Debian: lua-dkjson)
 }
 build = {
   type = "command",

@@ -32,7 +32,10 @@ project "pagedattn"
   -- src/cuda/kernel_sources.c embeds kernels/ with the assembler's .incbin,
   -- which looks for the files on this include path
   buildoptions { "-Wa,-I" .. path.getdirectory(_SCRIPT) .. "/kernels" }
-  linkoptions { "-pthread" }
+  -- never unmapped: LuaJIT closes the library (dlclose) while the CPU
+  -- backend's worker threads may still sit in its code, which crashed a
+  -- busted run at exit
+  linkoptions { "-pthread", "-Wl,-z,nodelete" }
   links { "m", "dl", "pthread" }
   keep_symbols()
 

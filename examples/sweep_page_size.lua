@@ -7,9 +7,10 @@
 --   scripts/run examples/sweep_page_size.lua --device cuda   # the reference workload (GPU preset)
 --
 -- Writes results/page_size.csv (resumed when rerun: only missing points run),
--- results/page_size-decode.png and results/page_size-prefill.png. Every
--- option of scripts/sweep.lua works here (--set, --shard, --emit-jobs, ...);
--- --svg draws SVG instead of PNG.
+-- results/page_size-decode.png and results/page_size-prefill.png (the
+-- interquartile range of the repeats as error bars, the device and the shape
+-- under the title). Every option of scripts/sweep.lua works here (--set,
+-- --shard, --emit-jobs, ...); --svg draws SVG instead of PNG.
 -- Shape: bf16, 32 query heads, 8 kv heads, head dim 128, pages in random order.
 local sweep = require "pagedattn.sweep"
 
@@ -36,7 +37,7 @@ local def = {
   presets = {
     small = { points = points(4, { 512, 1024, 2048, 4096, 8192 }, 1, { 128, 256, 512, 1024 }) },
     large = { points = points(8, { 1024, 4096, 16384, 32768 }, 1, { 512, 1024, 2048, 4096 }), budget = 1 },
-    -- DESIGN.md's reference workload
+    -- docs/design.md's reference workload
     gpu = { points = points(64, { 1024, 4096, 16384, 32768 }, 1, { 1024, 2048, 4096, 8192 }), budget = 1 },
   },
   -- the sizes follow the device unless --preset says otherwise
@@ -51,7 +52,7 @@ local argv, svg = {}, false
 for _, a in ipairs(arg) do
   if a == "--svg" then svg = true else argv[#argv + 1] = a end
 end
-local r = sweep.main(argv, def, arg[0])
+local r = sweep.main(argv, def, arg[0], "  --svg                draw the charts as SVG instead of PNG\n")
 if not r.ran then os.exit(r.code) end
 if r.summary.selected < r.summary.total then
   -- a shard or a subset: charts come from the merged CSV
@@ -72,7 +73,7 @@ local charts = {
 for _, c in ipairs(charts) do
   local out, err = sweep.plot {
     csv = csv, where = { kind = c.kind }, x = c.x, y = c.y, by = "page", logx = 2,
-    ceiling = true, title = c.title, output = base .. "-" .. c.kind .. ext,
+    ceiling = true, errorbars = true, title = c.title, output = base .. "-" .. c.kind .. ext,
   }
   print(out and ("chart: " .. out) or ("no chart: " .. err))
 end

@@ -14,14 +14,14 @@
  * cache slot, move with every load of a batch of heads in flight before any
  * store. (One warp per row, before: each row paid the binary search and the
  * block table's dependent round trips, and the kernel ran at 0.24 of the
- * read rate; kernels/NOTES.md, session 10.) The token's cos/sin rows are
+ * read rate; docs/append.md.) The token's cos/sin rows are
  * staged once in shared memory for all its heads, in double (as f32 they
- * read 64 x 512 tokens 0.6 us slower; kernels/NOTES.md, session 32).
+ * read 64 x 512 tokens 0.6 us slower; docs/append.md).
  *
  * 16-bit rows (rotate_rows8, where they allow): a lane takes 8 elements at
  * a time straight from memory (16-byte loads: GPT-J 4 pairs, GPT-NeoX 8
  * pairs from both halves) and stores them rotated as 16 bytes; 108-110 -> 84-89 us
- * at 64 x 512 tokens (session 11). Otherwise the rows are staged in double
+ * at 64 x 512 tokens (H200). Otherwise the rows are staged in double
  * too and a lane rotates a pair (GPT-J: elements 2j, 2j + 1; GPT-NeoX: j,
  * j + half) from the same four values (the kernel is issue-bound: ~95
  * instructions an element when each lane rotated one element and loaded its
@@ -172,7 +172,7 @@ __device__ __forceinline__ int rows8_items(const pa_append_params &p, int heads)
  * pairs (GPT-J) that fill them, and a chunk for every lane at least (with
  * fewer, e.g. a head a warp when `split` spreads few tokens' heads over many
  * warps, a lane per pair through the staging is faster: 256 x 1 tokens 7.1
- * against 7.8 us; kernels/NOTES.md, session 11). */
+ * against 7.8 us; docs/append.md). */
 __device__ __forceinline__ bool rows8_ok(const pa_append_params &p, int heads, u64 src_byte, u64 dst_byte) {
     const int D = p.head_dim, rd = p.rotary_dim;
     return ESZ == 2 && D % 8 == 0 && PA_APPEND_ROWS8_RD(rd, p.interleaved) && ((src_byte | dst_byte) & 15) == 0 &&
@@ -292,7 +292,7 @@ __device__ __forceinline__ bool new8_ok(const pa_append_params &p, int heads) {
  * lane's registers and puts it there apart, so that append_new8 has it in
  * flight with the page id and stages it after v's stores; stage_rot at once
  * (its loop, not rot_row's registers, in the other paths: ptxas spilled
- * less so, 108 against 128 bytes, in session 31's single kernel). */
+ * less so, 108 against 128 bytes, when one kernel held both paths). */
 struct rot_row {
     float c[MAX_HALF / 32], s[MAX_HALF / 32];
     __device__ __forceinline__ void load(const pa_append_params &p, i64 pos, int lane) {
@@ -330,7 +330,7 @@ __device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, do
  * fly under the meta, block-table and cos/sin round trips (64 x 512 tokens
  * 83.7 -> 80.2 us; more in flight a warp, by more registers (spills at four
  * blocks a SM, or three blocks) or by cp.async into shared memory, was
- * slower: kernels/NOTES.md, session 31). */
+ * slower: docs/append.md). */
 template <int KK, bool ROT>
 __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, int b, int h0, int nh, double *cs,
                                             double *sn, int lane) {
@@ -395,8 +395,7 @@ __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, in
 /* The kernel: pa_append_new8 has append_new8 for the new tokens where
  * new8_ok, pa_append never (the host picks one by new8_ok's rule: without
  * append_new8 in the kernel the staged paths of a head a warp run 256 x 1
- * tokens 7.1 -> 6.9 us, 1024 x 1 13.1 -> 12.6; kernels/NOTES.md, session
- * 32). */
+ * tokens 7.1 -> 6.9 us, 1024 x 1 13.1 -> 12.6; docs/append.md). */
 template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append_params &p) {
     __shared__ double s_x[WARPS][STAGE];
     __shared__ double s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];

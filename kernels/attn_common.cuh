@@ -21,6 +21,22 @@ PA_DEV float pa_log2(float x) {
     return y;
 }
 
+/* The softmax headroom of the decode kernels, the fallback and the split
+ * combine, in log2 units: running maxima are kept 30 above the scores'
+ * maxima, so that each probability is at most 2^-30 and their sum over a
+ * sequence's keys (at most 2^30, PA_MAX_SEQLEN; in every warp, lane group
+ * and split) at most 1. O's accumulators then stay within max |v|: a V near
+ * the largest bf16 or f32 value gives a finite output where the exact one
+ * is finite. The factor is a power of two common to O and l, so O / l and
+ * lse = m + log2(l) do not change; only probabilities below 2^-96 of the
+ * largest, far under f32's rounding, go to zero. None for f16: its largest
+ * value cannot overflow an f32 sum, and P, cast to f16 for the P V product,
+ * would lose its small values to the shift. The tensor-core prefill kernels
+ * keep their softmax: the same offset there (an FMA's immediate) made ptxas
+ * serialise the wgmmas of the gt = 1 warp-specialised variants
+ * (spec/nvrtc_spec.lua), a cost every MHA prefill would pay. */
+template <int DT> constexpr float pa_headroom() { return DT == PA_DT_F16 ? 0.f : 30.f; }
+
 /* Max / sum over the 4 lanes of a quad (lanes 4g .. 4g + 3: one row of an
  * m16n8 accumulator fragment). */
 PA_DEV float pa_quad_max(float x) {
@@ -66,6 +82,8 @@ __device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int
         if (qi >= w.seqlen_q || g >= p.group) continue;
         const int h = hk * p.group + g;
         const i64 row0 = (w.part_row + qi) * H + h;
+        /* (the splits' weights shifted by the headroom: their sum stays <= 1) */
+        constexpr float hs = pa_headroom<DT>();
         float m = -PA_INF, l = 0.f, acc[V];
 #pragma unroll
         for (int i = 0; i < V; i++) acc[i] = 0.f;
@@ -85,7 +103,7 @@ __device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int
 #pragma unroll
             for (int b = 0; b < BATCH; b++) {
                 if (ls[b] == -PA_INF) continue; /* that split saw no key of this row */
-                const float mn = fmaxf(m, ls[b]);
+                const float mn = fmaxf(m, ls[b] + hs);
                 const float a = pa_exp2(m - mn), c = pa_exp2(ls[b] - mn); /* m = -inf: a = 0 */
                 l = l * a + c;
 #pragma unroll

@@ -129,6 +129,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
     if (tid == 0) s_w = ((const pa_work *)p.work)[blockIdx.x / p.head_tiles];
     __syncthreads();
     const pa_work &w = s_w;
+    constexpr float hr = pa_headroom<PA_DTYPE>();
     const int tiles_per_group = p.group / GT;
     const int hk = head_tile / tiles_per_group;
     const int g0 = (head_tile - hk * tiles_per_group) * GT;
@@ -250,9 +251,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
         }
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
-            float mx = mrow[r];
+            float bx = -PA_INF;
 #pragma unroll
-            for (int u = 0; u < TPG; u++) mx = fmaxf(mx, s[u][r]);
+            for (int u = 0; u < TPG; u++) bx = fmaxf(bx, s[u][r]);
+            const float mx = fmaxf(mrow[r], bx + hr);
             if (mx == -PA_INF) { /* nothing valid yet: keep the empty state */
 #pragma unroll
                 for (int u = 0; u < TPG; u++) s[u][r] = 0.f;

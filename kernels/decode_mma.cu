@@ -21,7 +21,7 @@
  *    and vector stores, into out/lse or the split's partial;
  *    pa_split_arrival combines the splits (fused).
  *
- * PA_PERSIST=1 (kernels/NOTES.md, session 7): the blocks stay resident and
+ * PA_PERSIST=1 (docs/decode.md): the blocks stay resident and
  * take units (work item x head tile) from a counter in global memory, so a
  * block on a faster SM takes more of them. Near the end of a unit the next
  * one's work item, page ids, rows and Q are loaded into the other of two
@@ -29,16 +29,16 @@
  * the end of one unit into the next: a block pays its start-up once, not
  * per unit.
  *
- * PA_HW=1 (short units; kernels/NOTES.md, session 20):
+ * PA_HW=1 (short units; docs/decode.md):
  * each warp takes a head tile of its own, the block's unit being four head
  * tiles of a work item; a stage holds the same KPW keys of all four, each
  * warp keeps its tile's softmax whole and writes its rows from its
  * fragments: no merge of the warps, four times the stages per block start.
- * With PA_PERSIST too (session 35): the counter hands out units of four
+ * With PA_PERSIST too: the counter hands out units of four
  * head tiles, loaded while the current four stream (the host takes it at
  * 16 keys a warp on units of PREP_STAGES stages or more: hw_persist_pays).
  *
- * p.claim (one block per unit, kernels/NOTES.md, session 17): the splits of
+ * p.claim (one block per unit, docs/decode.md): the splits of
  * a query tile run their first CS stages and then take the tile's other
  * keys CRUN stages at a time from a counter (claimed CS stages ahead, their
  * page ids loaded per stage), so that a block on a faster SM takes more.
@@ -46,10 +46,11 @@
  * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 32, <= 128), PA_NQ,
  * PA_GT (NQ * GT <= 16), PA_PAGE (-1 contiguous, 0 any, else a power of two),
  * PA_STAGES, PA_MAXP, PA_KPW (8, 16), PA_PERSIST (0, 1), PA_MINB (blocks a SM
- * the registers must allow: 1, or more for short units, kernels/NOTES.md
- * session 19), PA_HW (0, 1: a warp a head tile; NQ * GT <= 8, <= 4 for a
- * rotated f32 q), PA_NW (warps a block: 4, or 8 with PA_PERSIST, one block
- * a SM with twice the keys a stage; kernels/NOTES.md, session 22).
+ * the registers must allow: 1, or more for short units, whose rate is set
+ * by how many units' start-up chains overlap), PA_HW (0, 1: a warp a head
+ * tile; NQ * GT <= 8, <= 4 for a rotated f32 q), PA_NW (warps a block: 4,
+ * or 8 with PA_PERSIST, one block a SM with twice the keys a stage, so the
+ * blocks' last units end closer together; docs/decode.md).
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -122,17 +123,17 @@ constexpr int PREP_STAGES = PA_DECODE_PREP_STAGES(PA_STAGES);
  * shuffles, which the copies' issue then no longer precedes (1 GB calls
  * 1-2 us faster). Eight warps (two a scheduler) and the short units of a
  * warp a head tile, whose blocks run a few stages each, lose by it
- * (kernels/NOTES.md, session 24). */
+ * (docs/decode.md). */
 constexpr bool LATE = !HW && NWARPS == 4;
 /* VPRE: the persistent kernel of four warps loads a stage's V fragments
  * right after Q K^T, before the softmax (32 more registers: 206 -> 232);
  * the same lone-block chain, 0.7-1.1 us shorter a call at 256 x 1024 and
- * 128 x 2048 keys, no change elsewhere (kernels/NOTES.md, session 24) */
+ * 128 x 2048 keys, no change elsewhere (docs/decode.md) */
 constexpr bool VPRE = PERSIST && !HW && NWARPS == 4 && NT == 2;
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(KV_OFF % 128 == 0 || KV_OFF % 16 == 0, "alignment");
-/* Claimed stages (p.claim, one block per unit; kernels/NOTES.md, session
- * 17): a split runs CS = 2 STAGES + 2 stages of its own, then claims runs
+/* Claimed stages (p.claim, one block per unit; docs/decode.md): a split
+ * runs CS = 2 STAGES + 2 stages of its own, then claims runs
  * of CRUN = 2 stages from its tile's counter. The run starting at stage X is
  * claimed (an atomic) at stage X - CS; two stages later (where the next
  * claim is taken: one result in flight, read two stages after its atomic)
@@ -148,8 +149,8 @@ constexpr bool CAN_CLAIM = !PERSIST && !HW && PA_STAGES <= PA_DECODE_CLAIM_MAX_S
  * each warp's tile): the softmax leaves them out, half of its work per
  * stage (their P 0, their o and l 0 and m -inf, never read). The blocks
  * that end last run on alone, at the pace of their stages' arithmetic:
- * 256 x 1024 keys 254.3 -> 252.0 us, 128 x 2048 251.0 -> 248.6 (page 16;
- * kernels/NOTES.md, session 23) */
+ * 256 x 1024 keys 254.3 -> 252.0 us, 128 x 2048 251.0 -> 248.6 (page 16,
+ * H200; docs/decode.md) */
 constexpr bool LOWER = ROWS <= 8;
 /* page ids a stage of T keys spans (from any key) */
 constexpr int PPS = PA_PAGE == -1 ? 1 : PA_PAGE > 0 ? (T - 1) / PA_PAGE + 2 : T + 1;
@@ -443,6 +444,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         /* (HW: this warp's head tile's) */
         const int head_tile = s_ht[j][HW ? warp : 0], hk = s_hk[j][HW ? warp : 0], g0 = g0_of(j, HW ? warp : 0);
         const int nst = stages_of(j), k0 = w.k0;
+        constexpr float hr = pa_headroom<PA_DTYPE>();
         /* this lane's rows (g, g + 8), kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
         /* (persistent blocks in bf16 or f16 load the next unit's while the
@@ -618,7 +620,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             /* scale, softcap, ALiBi, masks (base 2); s[n][0..1] row g, s[n][2..3] row g + 8 */
             const int kb =
                 (CAN_CLAIM && claim && st >= CS ? s_ckb[st % CR] : k0 + st * T) + (HW ? 0 : warp * KPW);
-            float mx0 = m0, mx1 = m1;
+            float mx0 = -PA_INF, mx1 = -PA_INF; /* this stage's maxima */
 #pragma unroll
             for (int n = 0; n < NT; n++) {
 #pragma unroll
@@ -638,8 +640,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     else mx0 = fmaxf(mx0, x);
                 }
             }
-            mx0 = pa_quad_max(mx0);
-            if (!LOWER) mx1 = pa_quad_max(mx1);
+            mx0 = fmaxf(m0, pa_quad_max(mx0) + hr);
+            if (!LOWER) mx1 = fmaxf(m1, pa_quad_max(mx1) + hr);
             /* new maxima: rescale what is accumulated (rarely, once the max settles) */
             const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
             const float alpha1 = LOWER || mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);
@@ -717,7 +719,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 /* one reciprocal a row, not D / 4 divisions a lane: each
                  * IEEE division is a slow-path call site, which cost 1024 x
                  * 64 keys ~7 us of its 92 one block a unit, ~11 persistent
-                 * (kernels/NOTES.md, session 36); a fully masked row stays
+                 * (H200, docs/decode.md); a fully masked row stays
                  * zeros whatever its masked V rows held (0 * inf) */
                 const float inv = 1.f / l0; /* (inf where none: unused) */
 #pragma unroll

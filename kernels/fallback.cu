@@ -127,8 +127,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
         /* online softmax, one thread per row */
         if (tid < ROWS) {
             const int r = tid;
-            float mx = s_m[r];
-            for (int t = 0; t < KT; t++) mx = fmaxf(mx, S[r * KT + t]);
+            float bx = -PA_INF;
+            for (int t = 0; t < KT; t++) bx = fmaxf(bx, S[r * KT + t]);
+            const float mx = fmaxf(s_m[r], bx + pa_headroom<PA_DTYPE>());
             if (mx == -PA_INF) {
                 for (int t = 0; t < KT; t++) S[r * KT + t] = 0.f;
                 s_alpha[r] = 1.f;

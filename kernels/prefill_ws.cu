@@ -9,7 +9,7 @@
  * copies landed: cp.async.mbarrier.arrive.noinc, one arrival per producer
  * thread) and an "empty" one (both consumers are done with it: one arrival
  * per consumer warp). Two consumer warpgroups (224 registers) own 64 rows of
- * (query, head) pairs each and run the p3 loop of prefill_wgmma.cu -- S(t)
+ * (query, head) pairs each and run the loop of prefill_wgmma.cu -- S(t)
  * and P V(t - 1) back to back, the softmax of tile t under P V(t - 1) --
  * without any block-wide barrier, the gather's instructions out of their
  * issue slots. The consumers take turns on the tensor cores (ping-pong on
@@ -17,8 +17,8 @@
  * and P V(t - 1) in its turn and passes the turn as soon as they are issued
  * (the other's products queue behind them), then runs the softmax of S(t)
  * once S(t) alone has completed, under its own P V(t - 1) and the other's
- * products. (Session 5 passed the turn once both had completed: faster
- * than this schedule then, 3-4 % slower since session 13, kernels/NOTES.md.)
+ * products. (Passing the turn once both products had completed measured
+ * 1.4-3.8 % slower with today's loop; docs/prefill.md.)
  *
  * Each producer thread copies one row of every tile (TPR threads per row),
  * so it resolves one page per tile: its page id loaded a tile ahead, one
@@ -28,7 +28,7 @@
  * Work items are never split (the host plans one item per query tile): the
  * epilogue writes out/lse directly, consumers only.
  *
- * A block's start and end (kernels/NOTES.md, sessions 9 and 11): thread 0
+ * A block's start and end (docs/prefill.md): thread 0
  * issues the Q tile's TMA boxes as soon as it has read the work item, warp
  * 0 the first K/V tile's boxes from rows the host listed (no block-table
  * round trip first), and each consumer's rows of O leave by TMA stores from
@@ -84,9 +84,9 @@ using KVL = pa_kv_layout<PAGE_BOX ? D / 64 * 1024 : 1024, PAGE_BOX ? 1024 : BN *
  * (setmaxnreg). The consumers' increase waits until the block's registers
  * cover it, for ever where they cannot: the block launches with
  * LAUNCH_REGS a thread (__launch_bounds__(NTHREADS, 1)), and 128 x 48 +
- * 256 x 232 = 65536 > 384 x 168 hung a GPU run (session 14). Measured
- * (kernels/NOTES.md, session 14): 40 / 232 and 24 / 240 (the producer
- * spilling) were 4-6 % slower at 4 x 2048 than 56 / 224. */
+ * 256 x 232 = 65536 > 384 x 168 hung a GPU run. Measured (docs/prefill.md):
+ * 40 / 232 and 24 / 240 (the producer spilling) were 4-6 % slower at
+ * 4 x 2048 than 56 / 224. */
 constexpr int LAUNCH_REGS = 65536 / NTHREADS / 8 * 8, PRODUCER_REGS = 56, CONSUMER_REGS = 224;
 
 static_assert(D == 64 || D == 128 || D == 256, "head dim: 64, 128 or 256");
@@ -237,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         /* Q (swizzled): cp.async, or the rotated f32 q rounded and stored;
          * with TMA by warps 1-3 only, so that warp 0's first page ids and
          * boxes do not queue behind Q's copies (they were issued 2.7 us after
-         * the roles part, now 1.0; kernels/NOTES.md session 9) */
+         * the roles part, now 1.0; docs/prefill.md) */
         auto load_q = [&](int t0, int nthr) {
             pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, t0, nthr, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
             if (p.q_f32) {
@@ -254,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
          * there, but 0 x a NaN left in memory would not be): TMA fills the
          * boxes of pages past k1 with them where k1 ends a page and GT > 1
          * (a box far past the map's rows), else the warp zeroes them once
-         * the boxes have landed (kernels/NOTES.md, session 15). */
+         * the boxes have landed (docs/prefill.md). */
         if (tid >= 32) {
             if (!q_tma) {
                 load_q(tid - 32, 96);
@@ -306,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
              * at one head a kv head (GT 1): there ptxas then serialised the
              * consumers' wgmmas at page boxes (pages 16 and 32), and every
              * other form of this code tried serialised some GT 4 variant
-             * (kernels/NOTES.md, session 15) */
+             * (docs/prefill.md) */
             const bool oob_fill = GT > 1 && TMA_ROWS < BN && nkeys % TMA_ROWS == 0;
             const bool tail = nkeys < BN && !oob_fill;
             u64 *vbar = tail ? &v_last : &full_v[s];
@@ -386,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     int ti0, ti1;
     pa_interior_tiles(s_wr, 8, kbase, BN, nt, ti0, ti1);
     /* head dim 128: the last tile peeled from the loop (a third variant in
-     * the loop slows every step, kernels/NOTES.md; head dim 64 and the
+     * the loop slows every step by 9-12 %; head dim 64 and the
      * natural variants (ALiBi, softcap) serialise their products then), and
      * where its keys from BN / 2 on are masked for all of this consumer's
      * rows (a causal diagonal), its S and P V over the first half only */

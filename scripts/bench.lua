@@ -1,7 +1,7 @@
 -- scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] [--head-dim D] --
 -- CUDA decode and rotary append against the GPU's streaming-read rate, and
 -- prefill against its bf16 matmul rate (cuBLAS), measured in the same run
--- (DESIGN.md workloads: bf16, 32 query / 8 kv heads, head dim 128; page 16 in
+-- (docs/design.md workloads: bf16, 32 query / 8 kv heads, head dim 128; page 16 in
 -- random page order, page 256, and contiguous caches).
 --   decode: GB/s = bytes of K/V read (decode) or of k/v read + written
 --   (append) per second of kernel time.
@@ -137,7 +137,7 @@ end
 -- timed; the settling before a table takes longer): freeing the last
 -- row's caches (tens of GB for the mixed batches) slows the GPU for tens of
 -- ms (a 16 x 4096 + 256 x 256 call right after a 32 x 4096 + 1024 x 128 row:
--- 931-956 us timed against 152-154 before it; kernels/NOTES.md, session 21).
+-- 931-956 us timed against 152-154 before it, H200; docs/measuring.md).
 local function steady(call, seconds)
   local t0 = pa.clock()
   repeat loop_calls(call, 5) until pa.clock() - t0 >= (seconds or 0.15)
@@ -189,7 +189,7 @@ local decode_header = string.format("%-34s %-10s %8s %10s %9s %7s %10s %10s", "w
   "kernel us", "GB/s", "x read", "wall us", "loop us")
 -- A row whose timed calls took longer than its loop of the same calls (which
 -- adds the host's time, never removes the kernel's) ran in a slow state of
--- the GPU that comes and goes (kernels/NOTES.md, session 21): marked, rerun it.
+-- the GPU that comes and goes (docs/measuring.md): marked, rerun it.
 local function decode_row(name, lay, bytes, kernel_s, wall_s, loop_s)
   local gbps = bytes / kernel_s / 1e9
   local r = string.format("%-34s %-10s %8.3f %10.1f %9.1f %7.3f %10.1f %10.1f%s", name, lay, bytes / 1e9,
@@ -259,7 +259,7 @@ end
 
 -- Untimed calls of a decode workload for `seconds`, in batches queued back
 -- to back: the first point after the ceilings read 3-6 % below the same
--- point measured later in every run (kernels/NOTES.md, session 8), the
+-- point measured later in every run (docs/measuring.md), the
 -- device still settling after the sustained matmul.
 local function settle(wl, page, seconds)
   local call = decode_call(wl, page)
@@ -366,12 +366,12 @@ end
 if run_prefill then
   -- The GPU comes from the sustained matmul at its power cap: the first
   -- prefill points read up to 20 % low (8192 causal page 16 at 462-474
-  -- against 532-562 later in the same run, kernels/NOTES.md session 9). So
+  -- against 532-562 later in the same run; docs/measuring.md). So
   -- untimed calls first, and each workload's layouts measured in alternating
   -- rounds (16, 256, unpaged, 16, 256, unpaged, ...), the fastest kept: the
   -- page-16 vs unpaged ratio is then not the order's. Four rounds: with two,
-  -- that ratio still moved by +-4 % between runs (session 13: +4.6 % in the
-  -- bench where ncu's medians of the same kernels gave +1.2 %).
+  -- that ratio still moved by +-4 % between runs (+4.6 % in the bench
+  -- where ncu's medians of the same kernels gave +1.2 %).
   local settle_s = quick and 0.2 or 1.0
   local rounds = quick and 2 or 4
   prefill_time(prefill_workloads[1], 16, settle_s)

@@ -5,7 +5,7 @@
 --   scripts/run scripts/sweep.lua examples/sweep_page_size.lua
 --   luajit scripts/sweep.lua SWEEP.lua --emit-jobs | parallel -j4
 --   luajit scripts/sweep.lua --merge results/x.csv results/x.parts/*.csv
--- `--help` lists the options; lua/pagedattn/sweep.lua is the library.
+-- `--help` lists the options; lua/pagedattn/sweep/ is the library (cli.lua: this command line).
 
 -- find lua/ of this source tree (an installed rock has its modules on the path)
 local here = (arg and arg[0] or ""):match("^(.*)/[^/]*$") or "."

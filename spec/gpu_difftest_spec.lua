@@ -1,7 +1,7 @@
 -- The CPU's differential suite on the CUDA device: random problems (shapes,
 -- page sizes 1 to 256 and contiguous caches, block tables with duplicates,
 -- every option) against the pure-Lua float64 reference, with the tolerance
--- rule of DESIGN.md. Tagged #gpu; pending where there is no CUDA device.
+-- rule of docs/design.md. Tagged #gpu; pending where there is no CUDA device.
 --   PAGEDATTN_SPEC_SCALE=x scales the number of cases; a failure prints its seed.
 local check = require "pagedattn.check"
 local ref = require "pagedattn.reference"

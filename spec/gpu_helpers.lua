@@ -155,7 +155,7 @@ function G.slice(t, H, Hk, D, q0, nq, nk, offset_of, o)
   return ref.tensor({ 1, nq, Gq, D }, qd), ref.tensor({ 1, nk, 1, D }, kd), ref.tensor({ 1, nk, 1, D }, vd), opts
 end
 
--- The rule of DESIGN.md at sizes where the float64 reference cannot run
+-- The rule of docs/design.md at sizes where the float64 reference cannot run
 -- whole: the naive-precision error is measured on one slice of the problem
 -- (one sequence, one kv head's query heads, from a paged cache) and the
 -- tolerance is 3x that + 1e-5.

@@ -1,6 +1,6 @@
 -- CUDA against the CPU backend at serving sizes, where the float64 reference
 -- cannot run whole: the same inputs on both devices (randn is one stream
--- everywhere), the CPU as the reference, and the tolerance of DESIGN.md with
+-- everywhere), the CPU as the reference, and the tolerance of docs/design.md with
 -- the naive-precision error measured by the Lua reference on one slice of the
 -- problem (one sequence, one kv head's query heads). Tagged #gpu.
 --   PAGEDATTN_GPU_SPEC_SMALL=1 shrinks the sizes (dry runs on the CPU).
@@ -191,7 +191,7 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
   -- Units of 256-511 keys: a warp a head tile (decode_hw 2, and the plan must
   -- show it), and the persistent blocks where its blocks would fill under
   -- half a wave: 64 sequences, 128 blocks of four head tiles on 264 slots
-  -- (docs/decode.md).
+  -- (docs/planner.md).
   local function mid_decode(name, B, dtype, hw)
     local seed = H.seed(name)
     local rng = ref.rng(seed)

@@ -9,7 +9,7 @@
 -- paged cache with random block tables, repeated). Tagged #gpu.
 --
 -- Same inputs on both devices (randn is one stream everywhere; tables from
--- Lua), the tolerance of spec/gpu_large_spec.lua: DESIGN.md's rule with the
+-- Lua), the tolerance of spec/gpu_large_spec.lua: docs/design.md's rule with the
 -- naive-precision error measured by the Lua reference on one slice of the
 -- problem (the last queries of one sequence, one kv head's query heads, all
 -- its keys), plus one rounding step of the dtype at the CPU output's largest
@@ -384,7 +384,7 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
   -- holds them must not carry their bytes into P V: prefill_ws zeroes the
   -- last V tile's rows past k1 where they came with a box (a page's tail,
   -- pages of a tile or more, contiguous caches) and has TMA zero-fill the
-  -- boxes of pages past k1 otherwise (session 15); the cp.async kernels
+  -- boxes of pages past k1 otherwise; the cp.async kernels
   -- zero-fill each row past k1. Here those rows hold NaN.
   it("#gpu rows past the keys hold NaN: never let into out (forced ws: tails, page boxes, zero fill; default kernels)",
     function()
@@ -474,7 +474,7 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
     compare(mixed_case("prefill varlen mixed append", true))
   end)
 
-  -- prefill_ws's schedule (session 13, forced ws): a causal diagonal whose
+  -- prefill_ws's schedule (forced ws; docs/prefill.md): a causal diagonal whose
   -- upper 64 keys are masked for all of a consumer's rows runs half products
   -- (head dim 128, the last tile peeled), tile 0 unmasked where every row
   -- takes it whole, sequences ordered by their longest query tile. Causal
@@ -512,7 +512,7 @@ end)
 
 -- Batch 4, 170 new tokens each appended to an EMPTY paged cache (page 16, 11
 -- pages a sequence), 32 query heads and 8 kv heads (the issue says 32 heads;
--- GQA 4 as in DESIGN.md's workload), head dim 128, bf16, causal; repeated
+-- GQA 4 as in docs/design.md's workload), head dim 128, bf16, causal; repeated
 -- with a fresh random block table each time, every repetition compared with
 -- the CPU.
 --

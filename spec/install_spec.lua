@@ -68,8 +68,50 @@ describe("scripts/install", function()
       lua, lua, prefix)
     local rc, out = sh(cmd)
     assert.are.equal(0, rc, out)
-    assert.matches(prefix .. "/lib/lua/5.1/libpagedattn.so", out, 1, true)
+    assert.matches(prefix .. "/lib/libpagedattn.so", out, 1, true)
     assert.matches("\ncpu\n", out, 1, true)
+  end)
+
+  it("installs Lua modules that find the library beside them with LUA_PATH alone", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local cmd = string.format("cd / && env -u PAGEDATTN_LIB -u PAGEDATTN_HEADER -u PAGEDATTN_ROOT -u LUA_CPATH " ..
+      "LUA_PATH='%s/?.lua;%s/?/init.lua;;' " ..
+      "luajit -e 'local pa = require \"pagedattn\"; print(pa.library_path); print(pa.device(\"cpu\").name)'",
+      lua, lua)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches(prefix .. "/lib/libpagedattn.so", out, 1, true)
+    assert.matches("\ncpu\n", out, 1, true)
+  end)
+
+  it("installs every module under lua/pagedattn/, subfolders included (pagedattn.sweep.*)", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local p = io.popen("cd '" .. root .. "/lua' && find pagedattn -name '*.lua' | sort")
+    local n = 0
+    for rel in p:lines() do
+      n = n + 1
+      assert.is_true(H.read_file(lua .. "/" .. rel) ~= nil, "not installed: " .. rel)
+    end
+    p:close()
+    assert.is_true(n > 10)
+    local cmd = string.format("cd / && LUA_PATH='%s/?.lua;;' luajit -e 'local s = require \"pagedattn.sweep\"; " ..
+      "print(type(s.plot), type(s.run), type(require(\"pagedattn.sweep.csv\").read_csv))'", lua)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches("^function%s+function%s+function%s*$", out)
+  end)
+
+  it("installs the subpackages: pagedattn.serve and its built-in policies", function()
+    local lua = prefix .. "/share/lua/5.1"
+    local cmd = string.format("cd / && env -u PAGEDATTN_LIB -u PAGEDATTN_HEADER -u PAGEDATTN_ROOT " ..
+      "LUA_PATH='%s/?.lua;%s/?/init.lua;;' LUA_CPATH='%s/lib/lua/5.1/?.so;;' " ..
+      "luajit -e 'local s = require \"pagedattn.serve\"; print(s.policy(\"lpm\").path); " ..
+      "print(#s.run{ layers = 0, device = \"cpu\", synthetic = { requests = 3 }, page_size = 4, pages = 40 }.records)'",
+      lua, lua, prefix)
+    local rc, out = sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches(lua .. "/pagedattn/serve/policies/lpm.lua", out, 1, true)
+    assert.matches("\n3\n", out, 1, true)
   end)
 
   it("installs the sweep runner and the plotter as commands", function()

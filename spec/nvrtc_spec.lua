@@ -150,15 +150,15 @@ describe("NVRTC kernel compilation", function()
   -- ptxas may issue a kernel's wgmmas one at a time after a change that looks
   -- harmless (its C7511 remark, which NVRTC does not print; nvcc's ptxas can
   -- disagree), and the Hopper prefill kernel then runs 33-50 % slower
-  -- (kernels/NOTES.md, session 14). The variants the library picks for bf16
-  -- prefill on Hopper must keep them pipelined: scripts/sass-scan.lua
-  -- --windows reads the cubin (scripts/micro/wgmma_windows.sh does the same
+  -- (docs/prefill.md). The variants the library picks for bf16
+  -- prefill on Hopper must keep them pipelined: scripts/lab/sass-scan.lua
+  -- --windows reads the cubin (scripts/lab/wgmma_windows.sh does the same
   -- for any variant).
-  -- (one head a kv head too: session 15's zero fill serialised those at page
-  -- boxes while every four-head variant stayed pipelined)
+  -- (one head a kv head too: the last V tile's zero fill by TMA serialised
+  -- those at page boxes while every four-head variant stayed pipelined)
   it("keeps the wgmmas of the default Hopper prefill variants pipelined (sm_90a)", function()
     local dir = tmpdir()
-    local scan = core.root .. "/scripts/sass-scan.lua"
+    local scan = core.root .. "/scripts/lab/sass-scan.lua"
     local bad, checked = {}, 0
     with_env({ PAGEDATTN_KERNEL_CACHE = dir }, function()
       for _, D in ipairs({ 64, 128, 256 }) do

@@ -729,7 +729,7 @@ int main(int argc, char **argv) {
         free(tiles);
     }
     /* The warp-a-tile blocks' persistence (pa_hw_persist_pays) on the shapes
-     * measured for it (docs/decode.md): B x L at 32 query
+     * measured for it (docs/planner.md): B x L at 32 query
      * heads over 8 kv heads (eight head tiles a sequence, four a block),
      * 132 SMs, 3 stages, 16 keys a warp at two blocks a SM, 8 at three */
     problem = -1;

@@ -385,6 +385,15 @@ return {
     assert.are.equal(4, #per_point) -- points 3 and 4 (shards 3, 4) are done
   end)
 
+  it("through scripts/run: stdout holds only the jobs (the build's messages go to stderr)", function()
+    local rc, out = sh(string.format("cd %s && %s/scripts/run %s/scripts/sweep.lua %s --csv %s --no-ceilings " ..
+      "--device cpu --emit-jobs 2>/dev/null", Q(dir), root, root, Q(file), Q(csv)))
+    assert.are.equal(0, rc, out)
+    local got = lines(out)
+    assert.are.equal(6, #got, out)
+    for _, l in ipairs(got) do assert.matches("^luajit ", l) end
+  end)
+
   it("lists the points with their state", function()
     local rc, out = sh(string.format("cd %s && %s %s --csv %s --list --shard 2/2", Q(dir), runner, Q(file), Q(csv)))
     assert.are.equal(0, rc, out)
@@ -425,7 +434,7 @@ describe("ready-made measures", function()
   end)
 end)
 
-describe("tuning helpers (scripts/bench.lua, scripts/micro/decode_ab.lua)", function()
+describe("tuning helpers (scripts/bench.lua, scripts/lab/decode_ab.lua)", function()
   it("decode_batch: one call over a mixed batch writes every output and counts its K/V bytes", function()
     local pa = require "pagedattn"
     local dev = pa.device("cpu")
@@ -466,5 +475,152 @@ describe("tuning helpers (scripts/bench.lua, scripts/micro/decode_ab.lua)", func
       assert.is_nil(os.getenv(b))
     end)
     assert.is_nil(os.getenv(a))
+  end)
+end)
+
+describe("a misspelt axis", function()
+  it("in --set or --only is an error that names it and lists the sweep's axes", function()
+    local def = counting_sweep({})
+    for _, key in ipairs({ "set", "only" }) do
+      local ok, err = pcall(sweep.define, def, { [key] = { contxt = { 1024 } } })
+      assert.is_false(ok, key .. " with a misspelt axis was accepted")
+      assert.matches("no axis 'contxt'", tostring(err), 1, true)
+      assert.matches("batch, context, page", tostring(err), 1, true)
+    end
+    -- a real axis still works
+    assert.are.equal(3, #sweep.define(def, { set = { context = { 1, 2, 3 } }, only = { page = { 16 } } }).points)
+  end)
+
+  it("on the command line exits with the message and writes no CSV", function()
+    local dir = tmpdir()
+    local file, csv = dir .. "/s.lua", dir .. "/s.csv"
+    write(file, [[
+return { name = "s", axes = { context = { 1, 2 }, page = { 16 } },
+         measure = function() return { run = function() end, flops = 1 } end,
+         warmup = 0, repeats = 1, budget = 0 }
+]])
+    for _, flag in ipairs({ "--set", "--only" }) do
+      local rc, out = sh(string.format("cd %s && %s %s --csv %s --no-ceilings --progress none %s pgae=1",
+        Q(dir), runner, Q(file), Q(csv), flag))
+      assert.are_not.equal(0, rc, out)
+      assert.matches(flag .. " pgae=...: sweep 's' has no axis 'pgae' (its axes: context, page)", out, 1, true)
+      assert.is_nil(read(csv), flag .. " wrote " .. csv)
+    end
+    sh("rm -rf " .. Q(dir))
+  end)
+end)
+
+describe("ceilings", function()
+  -- a private cache directory, so that the spec neither reads nor writes the user's
+  local function run_once(dir, name, more)
+    local buf = {}
+    local out = { write = function(_, ...) for _, s in ipairs({ ... }) do buf[#buf + 1] = s end end,
+                  flush = function() end }
+    local o = { csv = dir .. "/" .. name .. ".csv", device = "cpu", ceilings_seconds = 0.02,
+                ceilings_dir = dir .. "/cache", progress = "lines", out = out }
+    sweep.run(counting_sweep({}, { axes = { context = { 1 } } }), with(o, more))
+    return table.concat(buf), sweep.read_csv(dir .. "/" .. name .. ".csv")[1]
+  end
+
+  it("are measured once per device and reused by the next runs; --refresh-ceilings measures again", function()
+    local dir = tmpdir()
+    local text1, row1 = run_once(dir, "a")
+    assert.matches("measured the ceilings of cpu", text1, 1, true)
+    local text2, row2 = run_once(dir, "b")
+    assert.matches("(cached; --refresh-ceilings", text2, 1, true)
+    assert.is_nil(text2:find("measured the ceilings", 1, true))
+    assert.is_true(tonumber(row1.ceil_read_gbps) > 0)
+    assert.are.equal(row1.ceil_read_gbps, row2.ceil_read_gbps)
+    assert.are.equal(row1.ceil_peak_gflops, row2.ceil_peak_gflops)
+    local text3 = run_once(dir, "c", { refresh_ceilings = true })
+    assert.matches("measured the ceilings of cpu", text3, 1, true)
+    sh("rm -rf " .. Q(dir))
+  end)
+
+  it("from the command line: cached across runs, --refresh-ceilings measures again", function()
+    local dir = tmpdir()
+    local file = dir .. "/s.lua"
+    write(file, [[
+return { name = "s", axes = { x = { 1 } }, measure = function() return { run = function() end, bytes = 1 } end,
+         warmup = 0, repeats = 1, budget = 0 }
+]])
+    local function cmd(csv, more)
+      return sh(string.format("cd %s && XDG_CACHE_HOME=%s %s %s --csv %s --device cpu --ceilings 0.02 " ..
+        "--progress lines %s", Q(dir), Q(dir .. "/xdg"), runner, Q(file), Q(dir .. "/" .. csv), more or ""))
+    end
+    local rc1, out1 = cmd("a.csv")
+    assert.are.equal(0, rc1, out1)
+    assert.matches("measured the ceilings of cpu", out1, 1, true)
+    local rc2, out2 = cmd("b.csv")
+    assert.are.equal(0, rc2, out2)
+    assert.matches("(cached;", out2, 1, true)
+    local rc3, out3 = cmd("c.csv", "--refresh-ceilings")
+    assert.are.equal(0, rc3, out3)
+    assert.matches("measured the ceilings of cpu", out3, 1, true)
+    sh("rm -rf " .. Q(dir))
+  end)
+end)
+
+describe("timing statistics in rows", function()
+  it("hold the quartiles of the timed repeats, and spread is their distance over the median", function()
+    local st = sweep.stats({ 4, 1, 3, 2, 5 })
+    assert.are.equal(2, st.q1)
+    assert.are.equal(4, st.q3)
+    local dir = tmpdir()
+    local n = 0
+    local def = counting_sweep({}, { axes = { x = { 1 } }, repeats = 9, measure = function()
+      -- the timed calls take 0, 1, ..., 8 ms: quartiles near 2 and 6 ms
+      return { run = function()
+        local pa = require "pagedattn"
+        local t0 = pa.clock()
+        while pa.clock() - t0 < (n % 10) * 1e-3 do end
+        n = n + 1
+      end, bytes = 1 }
+    end })
+    sweep.run(def, with(quick, { csv = dir .. "/q.csv", warmup = 1, max_repeats = 9 }))
+    local r = sweep.read_csv(dir .. "/q.csv")[1]
+    local q1, med, q3 = tonumber(r.q1_s), tonumber(r.median_s), tonumber(r.q3_s)
+    assert.is_not_nil(q1, "no q1_s column")
+    assert.is_not_nil(q3, "no q3_s column")
+    assert.is_true(tonumber(r.min_s) <= q1 and q1 < med and med < q3 and q3 <= tonumber(r.max_s))
+    assert.near((q3 - q1) / med, tonumber(r.spread), 1e-4)
+    sh("rm -rf " .. Q(dir))
+  end)
+end)
+
+describe("--help", function()
+  -- every option literal in the runner's sources that the parser accepts
+  local function accepted_flags()
+    local files = { root .. "/lua/pagedattn/sweep.lua" }
+    local p = io.popen("ls " .. Q(root .. "/lua/pagedattn/sweep") .. "/*.lua 2>/dev/null")
+    for f in p:lines() do
+      if not f:match("/plot[%w_]*%.lua$") then files[#files + 1] = f end
+    end
+    p:close()
+    local flags, seen = {}, {}
+    for _, f in ipairs(files) do
+      for lit in (read(f) or ""):gmatch('"(%-%-?[%a][%w-]*)"') do
+        if not seen[lit] then
+          seen[lit] = true
+          local ok, err = sweep.parse_args({ lit, "1" })
+          if ok or not tostring(err):match("^unknown option") then flags[#flags + 1] = lit end
+        end
+      end
+    end
+    table.sort(flags)
+    return flags
+  end
+
+  it("of scripts/sweep.lua names every option its parser accepts", function()
+    local flags = accepted_flags()
+    assert.is_true(#flags >= 20, "found only " .. #flags .. " options: " .. table.concat(flags, " "))
+    local rc, help = sh(runner .. " --help")
+    assert.are.equal(0, rc, help)
+    local missing = {}
+    for _, flag in ipairs(flags) do
+      if not help:find(flag:gsub("%-", "%%-") .. "%f[^%w-]") then missing[#missing + 1] = flag end
+    end
+    assert.are.same({}, missing)
+    assert.matches("--max-repeats N", help, 1, true)
   end)
 end)

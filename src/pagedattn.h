@@ -185,6 +185,17 @@ typedef struct pa_attention_params {
     float softmax_scale;      /* NaN (pa_attention_params_init) = head_dim^-0.5;
                                  any other finite value is used as given */
     float softcap;            /* 0 = off */
+
+    /* maybe, instead of block_table: the pages in FlashInfer's CSR form (a
+     * batch stages both): those of sequence b are
+     * kv_indices[kv_indptr[b] .. kv_indptr[b + 1] - 1], i32 [B + 1] and
+     * [nnz]. kv_last_page_len (maybe, i32 [B]): the keys in each sequence's
+     * last page, checked against the keys the call attends. The call makes
+     * the padded block table from them (an upload, and on a GPU a wait for
+     * the device when it is freed): pass block_table in a loop. */
+    const pa_tensor *kv_indptr;
+    const pa_tensor *kv_indices;
+    const pa_tensor *kv_last_page_len;
 } pa_attention_params;
 
 void pa_attention_params_init(pa_attention_params *p);
@@ -237,6 +248,12 @@ typedef struct pa_pool_stats {
     int64_t sequences;       /* live sequences */
     int64_t tokens;          /* sum of the live sequences' lengths */
     int64_t cow_copies;      /* pages copied on write so far */
+    /* prefix caching (zero while it is off); free_pages includes the cached
+     * pages that no sequence holds: they are evicted when needed */
+    int64_t cached_pages;     /* pages registered under a hash, held or not */
+    int64_t prefix_hits;      /* pages taken from the cache by attach */
+    int64_t prefix_misses;    /* pages attach asked for and did not find */
+    int64_t prefix_evictions; /* cached pages reused for other contents */
 } pa_pool_stats;
 
 void pa_pool_params_init(pa_pool_params *p);
@@ -271,6 +288,56 @@ int64_t pa_seq_pages_needed(const pa_pool *pool, int32_t seq, int64_t n);
 /* Copies up to cap page ids into dst; returns how many the sequence holds
  * (-1 if not live). */
 int64_t pa_seq_pages(const pa_pool *pool, int32_t seq, int32_t *dst, int64_t cap);
+
+/* ---- automatic prefix caching ----
+ * With caching on, a full page can carry a 64-bit chain hash that names its
+ * tokens and those of every page before it in its sequence (pa_prefix_hashes
+ * computes them from token ids or from one key per page, e.g. a trace's
+ * block ids). A sequence registers its full pages under their hashes
+ * (pa_seq_prefix_insert); a new, empty sequence starts with the longest run
+ * of its hashes that the pool holds (pa_seq_prefix_attach), sharing those
+ * pages (refcounted, as a fork does). A cached page whose last holder lets it
+ * go stays cached, unheld, on a least-recently-released list, and counts as
+ * free: when the free stack is empty, allocation evicts the oldest of them.
+ * Lookup, insert and evict are O(1) per page (an open-addressing table with
+ * twice as many slots as pages; the list is linked through the pages).
+ * A cached page is never written: a write into a cached page (a sequence cut
+ * back into it) copies it first, as copy-on-write does for a shared page, and
+ * a sequence's reserved pages past its tokens are never cached.
+ * pa_pool_validate checks all of this: no unheld page outside the free
+ * stack and the list, no page on both, no held page on either. */
+typedef struct pa_prefix_params {
+    int64_t num_pages;     /* hashes to compute (out[0 .. num_pages - 1]) */
+    int32_t page_size;     /* tokens per page (with tokens) */
+    uint64_t parent;       /* the hash of the page before the first; 0 at a sequence's start */
+    const int32_t *tokens; /* maybe: token ids [num_pages * page_size] */
+    const uint64_t *keys;  /* maybe: one key per page instead of its tokens */
+} pa_prefix_params;
+
+void pa_prefix_params_init(pa_prefix_params *p);
+/* out[i] = chain(out[i - 1], key of page i), out[-1] = parent, where a page's
+ * key is keys[i] or a hash of its page_size tokens; exactly one of the two. */
+pa_status pa_prefix_hashes(pa_context *ctx, const pa_prefix_params *p, uint64_t *out);
+/* on != 0 starts caching (nothing is cached yet; again: no change); 0 stops
+ * it: every page leaves the cache, the unheld ones go to the free stack.
+ * Starting allocates ~(16 + 17 x num_pages) bytes of host memory. */
+pa_status pa_pool_prefix_cache(pa_context *ctx, pa_pool *pool, int32_t on);
+/* How many of hashes[0 .. n-1], from the first, the pool holds (0 when
+ * caching is off). *idle (maybe NULL): how many of those pages no sequence
+ * holds, which attaching them takes from the free pages. Changes nothing. */
+int64_t pa_pool_prefix_lookup(const pa_pool *pool, int64_t n, const uint64_t *hashes, int64_t *idle);
+/* seq: live and empty (no pages). Gives it the pages of the longest cached
+ * prefix of hashes[0 .. n-1] and their matched * page_size tokens; counts
+ * matched hits and n - matched misses. *matched (maybe NULL) receives it. */
+pa_status pa_seq_prefix_attach(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t n,
+                               const uint64_t *hashes, int64_t *matched);
+/* Registers seq's pages [first, first + n), which must be full
+ * ((first + n) * page_size <= its length), under hashes[0 .. n-1]. A hash
+ * the pool holds already stays with its page (this one is not cached); a page
+ * cached already under the same hash is left; under another hash it is an
+ * error. *inserted (maybe NULL): pages newly cached. */
+pa_status pa_seq_prefix_insert(pa_context *ctx, pa_pool *pool, int32_t seq, int64_t first, int64_t n,
+                               const uint64_t *hashes, int64_t *inserted);
 
 /* A batch: staging buffers, reused from step to step, that turn a list of
  * (sequence, number of new tokens) into the index tensors the attention

@@ -20,6 +20,8 @@ local common_opts = {
   rotary_interleaved = "boolean", cache_batch_idx = "i32", block_table = "table2d",
   softmax_scale = "number", causal = "boolean", window_size = "window", softcap = "number",
   alibi_slopes = "f32", num_splits = "number", return_softmax_lse = "boolean", out = "tensor",
+  -- the pages in FlashInfer's CSR form, instead of block_table (a batch stages both)
+  kv_indptr = "i32", kv_indices = "i32", kv_last_page_len = "i32",
 }
 local kvcache_opts = setmetatable({ cache_seqlens = "seqlens" }, { __index = common_opts })
 local varlen_opts = setmetatable({
@@ -81,8 +83,24 @@ end
 
 local params = ffi.new("pa_attention_params")
 
+-- q's rank and head sizes, checked before out and lse are made from its shape
+-- (the C core checks the same, but only once they exist: a malformed q could
+-- ask for terabytes first)
+local function check_q_shape(fname, q, varlen)
+  local sh = q.shape
+  local rank, layout = varlen and 3 or 4, varlen and "[total_q, H, D]" or "[B, Sq, H, D]"
+  if #sh ~= rank then
+    argerr(fname, "q", "expected " .. rank .. " dimensions " .. layout .. ", got shape [" .. table.concat(sh, ", ") .. "]")
+  end
+  if sh[rank] < 1 or sh[rank] > 256 then argerr(fname, "q", "head dim " .. sh[rank] .. " is not in [1, 256]") end
+  if sh[rank - 1] < 1 or sh[rank - 1] > 65536 then
+    argerr(fname, "q", sh[rank - 1] .. " heads is not in [1, 65536]")
+  end
+end
+
 local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
   if not is_tensor(q) then argerr(fname, "q", "expected a tensor, got " .. type(q)) end
+  check_q_shape(fname, q, varlen)
   if not is_tensor(k_cache) then argerr(fname, "k_cache", "expected a tensor, got " .. type(k_cache)) end
   if not is_tensor(v_cache) then argerr(fname, "v_cache", "expected a tensor, got " .. type(v_cache)) end
   opts = opts or {}
@@ -114,6 +132,8 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
   p.rotary_cos, p.rotary_sin = tensor_opt("rotary_cos"), tensor_opt("rotary_sin")
   p.cache_batch_idx = tensor_opt("cache_batch_idx")
   p.block_table = tensor_opt("block_table")
+  p.kv_indptr, p.kv_indices = tensor_opt("kv_indptr"), tensor_opt("kv_indices")
+  p.kv_last_page_len = tensor_opt("kv_last_page_len")
   p.alibi_slopes = tensor_opt("alibi_slopes")
   if varlen then
     p.cu_seqlens_q, p.seqused_k = tensor_opt("cu_seqlens_q"), tensor_opt("seqused_k")
@@ -156,7 +176,9 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
 
   local out = opts.out
   if not out then
-    out = T.new_tensor(q.shape, q.dtype, q.device, fname)
+    local err
+    out, err = T.new_tensor(q.shape, q.dtype, q.device, fname)
+    if not out then return nil, err end
   end
   p.out = live(out, fname, "out")
   local lse
@@ -164,7 +186,9 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
     local H = q.shape[#q.shape - 1]
     local shape
     if varlen then shape = { H, q.shape[1] } else shape = { q.shape[1], H, q.shape[2] } end
-    lse = T.new_tensor(shape, "f32", q.device, fname)
+    local err
+    lse, err = T.new_tensor(shape, "f32", q.device, fname)
+    if not lse then return nil, err end
     p.softmax_lse = lse.handle
   end
   return out, lse, keep
@@ -173,6 +197,7 @@ end
 -- fill, call, and keep the tensors made for the call alive until it returns
 local function run(fname, allowed, varlen, cfn, q, k_cache, v_cache, opts)
   local out, lse, keep = fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
+  if not out then return nil, lse end -- (lse: the allocation's error)
   local ok, err = check(cfn(ctx, params), fname)
   keep = nil
   if not ok then return nil, err end

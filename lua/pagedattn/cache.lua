@@ -35,6 +35,10 @@ local params = ffi.new("pa_pool_params")
 local stats_buf = ffi.new("pa_pool_stats")
 local tensor_ptrs = ffi.typeof("pa_tensor*[?]")
 local i32_array = ffi.typeof("int32_t[?]")
+local u64_array = ffi.typeof("uint64_t[?]")
+local prefix_params = ffi.new("pa_prefix_params")
+local count_box = ffi.new("int64_t[1]")
+local idle_box = ffi.new("int64_t[1]")
 
 local function argerr(fname, name, msg, level)
   error("pagedattn." .. fname .. ": " .. name .. ": " .. msg, (level or 2) + 1)
@@ -167,7 +171,8 @@ end
 
 -- Statistics as a table (into `t` when given, to avoid an allocation):
 -- num_pages, page_size, free_pages, used_pages, shared_pages, page_refs,
--- peak_used_pages, sequences, tokens, cow_copies.
+-- peak_used_pages, sequences, tokens, cow_copies, and for the prefix cache
+-- cached_pages, prefix_hits, prefix_misses, prefix_evictions (pages).
 function Cache:stats(t)
   local h = live_handle(self, "stats")
   C.pa_pool_get_stats(h, stats_buf)
@@ -178,6 +183,8 @@ function Cache:stats(t)
   t.shared_pages, t.page_refs = tonumber(s.shared_pages), tonumber(s.page_refs)
   t.peak_used_pages, t.sequences = tonumber(s.peak_used_pages), tonumber(s.sequences)
   t.tokens, t.cow_copies = tonumber(s.tokens), tonumber(s.cow_copies)
+  t.cached_pages, t.prefix_hits = tonumber(s.cached_pages), tonumber(s.prefix_hits)
+  t.prefix_misses, t.prefix_evictions = tonumber(s.prefix_misses), tonumber(s.prefix_evictions)
   return t
 end
 
@@ -204,6 +211,91 @@ function Cache:validate()
   local st = C.pa_pool_validate(ctx, live_handle(self, "validate"))
   if st ~= 0 then error("pagedattn.validate: " .. core.last_error(), 2) end
   return true
+end
+
+---------------------------------------------------------------------------
+-- automatic prefix caching (src/pagedattn.h explains the design)
+
+-- Turns prefix caching on (true) or off (false: every page leaves the cache).
+function Cache:enable_prefix_cache(on)
+  local h = live_handle(self, "enable_prefix_cache")
+  if type(on) ~= "boolean" then argerr("enable_prefix_cache", "on", "expected a boolean, got " .. type(on)) end
+  local ok, err = check(C.pa_pool_prefix_cache(ctx, h, on and 1 or 0), "enable_prefix_cache")
+  if not ok then return nil, err end
+  self.prefix_caching = on
+  return self
+end
+
+-- A uint64_t array from cdata (as it is) or a Lua list of whole numbers < 2^53.
+local function u64_of(fname, name, v, n)
+  if type(v) == "cdata" then return v end
+  if type(v) ~= "table" then argerr(fname, name, "expected a uint64_t array or a list, got " .. type(v), 3) end
+  if #v < n then argerr(fname, name, #v .. " entries, " .. n .. " needed", 3) end
+  local a = u64_array(math.max(n, 1))
+  for i = 1, n do
+    local x = v[i]
+    if type(x) ~= "number" or x < 0 or x ~= floor(x) or x >= 2 ^ 53 then
+      argerr(fname, name .. "[" .. i .. "]", "expected a whole number in [0, 2^53), got " .. tostring(x), 3)
+    end
+    a[i - 1] = x
+  end
+  return a
+end
+
+-- Chain hashes of pages for the prefix cache: pa.prefix_hashes{num_pages =,
+-- tokens = (token ids, num_pages * page_size of them; int32_t* or a list),
+-- page_size =, or keys = (one per page; uint64_t* or a list), parent = (the
+-- hash before the first page, default 0), out = (uint64_t*, optional)}.
+-- Returns out (a uint64_t array of num_pages hashes).
+function M.prefix_hashes(o)
+  local F = "prefix_hashes"
+  if type(o) ~= "table" then argerr(F, "opts", "expected a table, got " .. type(o)) end
+  local n = whole(F, "num_pages", o.num_pages, 0)
+  local tokens, keys = o.tokens, o.keys
+  if (tokens == nil) == (keys == nil) then argerr(F, "tokens", "give tokens (with page_size) or keys, not both") end
+  prefix_params.num_pages = n
+  prefix_params.page_size = 0
+  prefix_params.parent = o.parent or 0
+  prefix_params.tokens, prefix_params.keys = nil, nil
+  if tokens ~= nil then
+    local ps = whole(F, "page_size", o.page_size, 1)
+    prefix_params.page_size = ps
+    if type(tokens) == "table" then
+      if #tokens < n * ps then argerr(F, "tokens", #tokens .. " token ids for " .. n .. " pages of " .. ps) end
+      local a = i32_array(math.max(n * ps, 1))
+      for i = 1, n * ps do
+        local x = tokens[i]
+        if type(x) ~= "number" or x ~= floor(x) or x < -2147483648 or x > 2147483647 then
+          argerr(F, "tokens[" .. i .. "]", "expected a 32-bit whole number, got " .. tostring(x))
+        end
+        a[i - 1] = x
+      end
+      tokens = a
+    elseif type(tokens) ~= "cdata" then
+      argerr(F, "tokens", "expected an int32_t array or a list, got " .. type(tokens))
+    end
+    prefix_params.tokens = tokens
+  else
+    keys = u64_of(F, "keys", keys, n)
+    prefix_params.keys = keys
+  end
+  local out = o.out or u64_array(math.max(n, 1))
+  local ok, err = check(C.pa_prefix_hashes(ctx, prefix_params, out), F)
+  prefix_params.tokens, prefix_params.keys = nil, nil
+  if not ok then return nil, err end
+  return out
+end
+Cache.prefix_hashes = function(_, o) return M.prefix_hashes(o) end
+
+-- How many of the n hashes, from the first, the cache holds, and how many of
+-- those pages no sequence holds (attaching them takes them from the free
+-- pages). Changes nothing.
+function Cache:prefix_lookup(n, hashes)
+  local h = live_handle(self, "prefix_lookup")
+  whole("prefix_lookup", "n", n, 0)
+  hashes = u64_of("prefix_lookup", "hashes", hashes, n)
+  local m = C.pa_pool_prefix_lookup(h, n, hashes, idle_box)
+  return tonumber(m), tonumber(idle_box[0])
 end
 
 -- A new, empty sequence.
@@ -300,6 +392,31 @@ function Sequence:truncate(len)
   whole("seq:truncate", "len", len, 0)
   check(C.pa_seq_truncate(ctx, h, self.id, len), "seq:truncate")
   return self
+end
+
+-- An empty sequence starts with the longest cached prefix of hashes[1..n]
+-- (its pages shared, their tokens counted). Returns the pages matched.
+function Sequence:prefix_attach(n, hashes)
+  local h = seq_handle(self, "seq:prefix_attach")
+  whole("seq:prefix_attach", "n", n, 0)
+  hashes = u64_of("seq:prefix_attach", "hashes", hashes, n)
+  local ok, err = check(C.pa_seq_prefix_attach(ctx, h, self.id, n, hashes, count_box), "seq:prefix_attach")
+  if not ok then return nil, err end
+  return tonumber(count_box[0])
+end
+
+-- Registers the sequence's full pages [first, first + n) (0-based) under
+-- hashes[first .. first + n - 1] of the sequence's chain (a uint64_t array
+-- indexed from 0, or a Lua list from 1). Returns the pages newly cached.
+function Sequence:prefix_insert(first, n, hashes)
+  local h = seq_handle(self, "seq:prefix_insert")
+  whole("seq:prefix_insert", "first", first, 0)
+  whole("seq:prefix_insert", "n", n, 0)
+  hashes = u64_of("seq:prefix_insert", "hashes", hashes, first + n)
+  local ok, err = check(C.pa_seq_prefix_insert(ctx, h, self.id, first, n, hashes + first, count_box),
+    "seq:prefix_insert")
+  if not ok then return nil, err end
+  return tonumber(count_box[0])
 end
 
 -- Releases every page. Freeing twice is harmless.

@@ -8,7 +8,7 @@
 --   local case = check.random_case(rng, { dtype = "bf16", page_size = 16 })
 --   local r = check.run(case, pa.device("cpu"))   -- r.ok, r.report
 --
--- Tolerance (DESIGN.md): error against the float64 reference at most 3x the
+-- Tolerance (docs/design.md): error against the float64 reference at most 3x the
 -- error of the same computation done naively in the dtype, plus 1e-5. Cache
 -- contents after an append must match the reference's to one rounding step.
 local pa = require "pagedattn"

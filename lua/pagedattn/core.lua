@@ -15,6 +15,16 @@ local function file_exists(path)
   return false
 end
 
+-- "a/b/../c" -> "a/c" (for paths shown to users)
+local function normalize(path)
+  local out = {}
+  for part in path:gmatch("[^/]+") do
+    if part == ".." and #out > 0 and out[#out] ~= ".." then out[#out] = nil
+    elseif part ~= "." then out[#out + 1] = part end
+  end
+  return (path:sub(1, 1) == "/" and "/" or "") .. table.concat(out, "/")
+end
+
 local function read_file(path)
   local f = assert(io.open(path, "rb"))
   local s = f:read("*a")
@@ -22,14 +32,15 @@ local function read_file(path)
   return s
 end
 
--- The source tree this module sits in (lua/pagedattn/core.lua -> root), if any.
-local function tree_root()
+-- The directory of this module, and the source tree it sits in
+-- (lua/pagedattn/core.lua -> root), if any.
+local module_dir = (function()
   local src = debug.getinfo(1, "S").source
   if src:sub(1, 1) ~= "@" then return nil end
-  local dir = src:sub(2):match("^(.*)/[^/]*$") or "."
-  return dir .. "/../.."
-end
-M.root = tree_root()
+  return src:sub(2):match("^(.*)/[^/]*$") or "."
+end)()
+M.root = module_dir and module_dir .. "/../.."
+
 
 local function find_header()
   local candidates = { os.getenv("PAGEDATTN_HEADER") }
@@ -51,6 +62,13 @@ local function find_library()
   if M.root then
     local p = M.root .. "/build/lib/libpagedattn.so"
     if file_exists(p) then return p end
+  end
+  -- an installed package: beside the modules, or where scripts/install puts it
+  -- (PREFIX/share/lua/5.1/pagedattn/ -> PREFIX/lib/), so LUA_PATH alone finds it
+  if module_dir then
+    for _, p in ipairs { module_dir .. "/libpagedattn.so", module_dir .. "/../../../../lib/libpagedattn.so" } do
+      if file_exists(p) then return normalize(p) end
+    end
   end
   local via_cpath = package.searchpath and package.searchpath("libpagedattn", package.cpath)
   return via_cpath or "pagedattn"

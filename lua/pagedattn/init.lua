@@ -22,6 +22,7 @@ local pa = {
   attention_with_kvcache = attention.attention_with_kvcache,
   attention_varlen = attention.attention_varlen,
   kv_cache = cache.kv_cache,
+  prefix_hashes = cache.prefix_hashes,
 }
 
 return pa

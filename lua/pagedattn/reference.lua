@@ -200,7 +200,7 @@ function ref.max_abs_diff(a, b)
   return m
 end
 
--- DESIGN.md's rule: error vs the float64 reference at most 3x the error of the
+-- docs/design.md's rule: error vs the float64 reference at most 3x the error of the
 -- naive computation in that precision, plus 1e-5.
 function ref.tolerance(dtype, naive_err)
   assert(type(naive_err) == "number", "reference.tolerance: naive_err must be a number")
@@ -696,7 +696,7 @@ end
 -- out, lse = ref.attention_with_kvcache(q, k_cache, v_cache, opts)
 -- q [B, Sq, H, D]; caches [B_cache, S_cache, Hk, D] or paged [num_pages,
 -- page_size, Hk, D] with opts.block_table [B, max_pages]. See the module header
--- and DESIGN.md for the options. out [B, Sq, H, D], lse [B, H, Sq].
+-- and docs/reference.md for the options. out [B, Sq, H, D], lse [B, H, Sq].
 -- opts.k / opts.v are appended into the caches IN PLACE.
 function ref.attention_with_kvcache(q, k_cache, v_cache, opts)
   opts = opts or {}

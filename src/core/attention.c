@@ -174,7 +174,7 @@ static const int64_t *bt_checked_rows(pa_context *ctx, const pa_tensor *bt, cons
  * are not there, and a call that reads and writes nothing should not cost
  * O(batch). */
 static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bool varlen,
-                               bool work, pa_attn_problem *pb, scratch *s) {
+                               bool work, const int32_t *csr_rows, pa_attn_problem *pb, scratch *s) {
     const pa_tensor *q = p->q;
     pa_device *dev = q->dev;
     const int32_t B = pb->batch, H = pb->heads, D = pb->head_dim;
@@ -447,6 +447,10 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         }
         if (paged) {
             const int64_t pages = (sk + pb->page_size - 1) / pb->page_size;
+            /* (a CSR row is padded to the widest: its own length bounds it) */
+            if (csr_rows && pages > csr_rows[b])
+                return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: sequence %d has %d page%s, its %lld keys need %lld", b,
+                               csr_rows[b], csr_rows[b] == 1 ? "" : "s", (long long)sk, (long long)pages);
             const int32_t *row = pb->h_block_table + (int64_t)b * pb->bt_stride;
             const int64_t j = bt_valid ? bt_valid[b] : ids_in_pool(row, pages, pool_bound(pb->num_pages));
             if (j < pages)
@@ -517,6 +521,97 @@ static pa_status check_q(pa_context *ctx, const pa_attention_params *p, int ndim
     return PA_OK;
 }
 
+/* The padded block table [B, widest] that the CSR form (kv_indptr,
+ * kv_indices) describes, as a new tensor on the call's device, for a call
+ * of B sequences. */
+static pa_status csr_block_table(pa_context *ctx, const pa_attention_params *p, int64_t B, pa_tensor **out,
+                                 int32_t **rows_out) {
+    *out = NULL;
+    *rows_out = NULL;
+    const pa_tensor *ip = p->kv_indptr, *ix = p->kv_indices;
+    pa_device *dev = p->q->dev;
+    if (p->block_table)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: give block_table or the CSR form (kv_indptr, kv_indices), not both");
+    if (!ix) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indices: missing (kv_indptr was given)");
+    TRY(check_common(ctx, "kv_indptr", ip, dev));
+    TRY(check_common(ctx, "kv_indices", ix, dev));
+    TRY(check_dtype(ctx, "kv_indptr", ip, PA_I32));
+    TRY(check_dtype(ctx, "kv_indices", ix, PA_I32));
+    {
+        int64_t dims[1] = {B + 1};
+        TRY(check_shape(ctx, "kv_indptr", ip, "[B + 1]", 1, dims));
+        int64_t any[1] = {-1};
+        TRY(check_shape(ctx, "kv_indices", ix, "[nnz]", 1, any));
+    }
+    scratch s = {{0}, 0};
+    const int32_t *h_ip = NULL, *h_ix = NULL;
+    pa_status st = host_i32(ctx, &s, ip, &h_ip);
+    if (st == PA_OK) st = host_i32(ctx, &s, ix, &h_ix);
+    int64_t width = 0;
+    for (int64_t b = 0; st == PA_OK && b < B; b++) {
+        if (b == 0 && h_ip[0] != 0)
+            st = pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: first entry is %d, expected 0", h_ip[0]);
+        else if (h_ip[b + 1] < h_ip[b])
+            st = pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: decreases at entry %lld (%d after %d)", (long long)b + 1,
+                         h_ip[b + 1], h_ip[b]);
+        else if (h_ip[b + 1] - h_ip[b] > width)
+            width = h_ip[b + 1] - h_ip[b];
+    }
+    if (st == PA_OK && B > 0 && h_ip[B] > ix->numel)
+        st = pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: last entry is %d, but kv_indices has %lld entries", h_ip[B],
+                     (long long)ix->numel);
+    int32_t *table = NULL;
+    if (st == PA_OK && B * width > 0) {
+        table = scratch_alloc(&s, sizeof(int32_t) * (size_t)(B * width));
+        if (!table) st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+        for (int64_t b = 0; st == PA_OK && b < B; b++)
+            memcpy(table + b * width, h_ix + h_ip[b], sizeof(int32_t) * (size_t)(h_ip[b + 1] - h_ip[b]));
+    }
+    int32_t *rows = NULL;
+    if (st == PA_OK) {
+        rows = malloc(sizeof(int32_t) * (size_t)(B > 0 ? B : 1));
+        if (!rows) st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+        for (int64_t b = 0; st == PA_OK && b < B; b++) rows[b] = h_ip[b + 1] - h_ip[b];
+    }
+    if (st == PA_OK) {
+        const int64_t shape[2] = {B, width};
+        st = pa_tensor_create(ctx, dev, PA_I32, 2, shape, out);
+        if (st == PA_OK && table) st = pa_tensor_write(ctx, *out, 0, table, B * width);
+        if (st) {
+            pa_tensor_destroy(*out);
+            *out = NULL;
+        }
+    }
+    if (st == PA_OK) *rows_out = rows;
+    else free(rows);
+    scratch_free(&s);
+    return st;
+}
+
+/* kv_last_page_len, where given, against the keys each sequence attends. */
+static pa_status check_last_page_len(pa_context *ctx, const pa_attention_params *p, const pa_attn_problem *pb) {
+    const pa_tensor *lp = p->kv_last_page_len;
+    if (!lp) return PA_OK;
+    if (!p->kv_indptr) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_last_page_len: belongs to the CSR form (kv_indptr)");
+    TRY(check_common(ctx, "kv_last_page_len", lp, pb->dev));
+    TRY(check_dtype(ctx, "kv_last_page_len", lp, PA_I32));
+    int64_t dims[1] = {pb->batch};
+    TRY(check_shape(ctx, "kv_last_page_len", lp, "[B]", 1, dims));
+    if (!pb->h_seqlen_k) return PA_OK; /* nothing attended or appended */
+    scratch s = {{0}, 0};
+    const int32_t *h = NULL;
+    pa_status st = host_i32(ctx, &s, lp, &h);
+    for (int32_t b = 0; st == PA_OK && b < pb->batch; b++) {
+        const int64_t sk = pb->h_seqlen_k[b], last = sk > 0 ? sk - (sk - 1) / pb->page_size * pb->page_size : 0;
+        if (h[b] != last)
+            st = pa_fail(ctx, PA_ERR_ARGUMENT,
+                         "kv_last_page_len: entry %d is %d, but sequence %d attends %lld keys (%lld in its last page)", b,
+                         h[b], b, (long long)sk, (long long)last);
+    }
+    scratch_free(&s);
+    return st;
+}
+
 static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb) {
     if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
     /* What the kernels write: the caches only when appending. A read-only
@@ -530,8 +625,49 @@ static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_prob
     return pb->dev->ops->attention(ctx, pb);
 }
 
+static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows);
+static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows);
+
+/* Either form, with the CSR form of the pages turned into a block table for
+ * the call (B: the call's sequences). */
+static pa_status with_csr(pa_context *ctx, const pa_attention_params *p, int64_t B,
+                          pa_status (*form)(pa_context *, const pa_attention_params *, const int32_t *)) {
+    if (!p->kv_indptr) {
+        if (p->kv_indices) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: missing (kv_indices was given)");
+        if (p->kv_last_page_len)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_last_page_len: belongs to the CSR form (kv_indptr)");
+        return form(ctx, p, NULL);
+    }
+    pa_tensor *table = NULL;
+    int32_t *rows = NULL;
+    TRY(csr_block_table(ctx, p, B, &table, &rows));
+    pa_attention_params q = *p;
+    q.block_table = table;
+    pa_status st = form(ctx, &q, rows);
+    pa_tensor_destroy(table);
+    free(rows);
+    if (st == PA_ERR_ARGUMENT && ctx && strncmp(ctx->message, "block_table: ", 13) == 0) {
+        /* the table is the call's own: the caller gave it as kv_indices */
+        char msg[PA_ERRMSG_LEN];
+        snprintf(msg, sizeof msg, "%s", ctx->message + 13);
+        return pa_fail(ctx, st, "kv_indices (as the block table [B, widest]): %s", msg);
+    }
+    return st;
+}
+
 pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *p) {
     TRY(check_q(ctx, p, 4, "[B, Sq, H, D]"));
+    return with_csr(ctx, p, p->q->shape[0], with_kvcache);
+}
+
+pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
+    TRY(check_q(ctx, p, 3, "[total_q, H, D]"));
+    const pa_tensor *cu = p->cu_seqlens_q;
+    if (!cu) return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: missing");
+    return with_csr(ctx, p, cu->ndim == 1 && cu->shape[0] >= 1 ? cu->shape[0] - 1 : 0, varlen);
+}
+
+static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows) {
     if (p->cu_seqlens_q)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: belongs to attention_varlen");
     if (p->seqused_k) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: belongs to attention_varlen");
@@ -550,7 +686,9 @@ pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *
     pb.q = q->data;
     pb.lse_head_stride = Sq;
     /* work: a query, or a new token to append (k's shape is checked later) */
-    const bool work = (int64_t)B * Sq > 0 || (p->k && p->k->ndim == 4 && p->k->shape[0] > 0 && p->k->shape[1] > 0);
+    /* (a k of another batch is refused by build_problem's O(1) checks, before
+     * anything of size B is made) */
+    const bool work = (int64_t)B * Sq > 0 || (p->k && p->k->ndim == 4 && p->k->shape[0] == B && B > 0 && p->k->shape[1] > 0);
     int32_t *sq = work ? scratch_alloc(&s, sizeof(int32_t) * (size_t)B) : NULL;
     int64_t *qs = work ? scratch_alloc(&s, sizeof(int64_t) * (size_t)B) : NULL;
     int64_t *ls = work ? scratch_alloc(&s, sizeof(int64_t) * (size_t)B) : NULL;
@@ -566,15 +704,15 @@ pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *
         pb.h_seqlen_q = sq;
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
-        st = build_problem(ctx, p, false, work, &pb, &s);
+        st = build_problem(ctx, p, false, work, csr_rows, &pb, &s);
+        if (st == PA_OK) st = check_last_page_len(ctx, p, &pb);
         if (st == PA_OK && work) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
     return st;
 }
 
-pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
-    TRY(check_q(ctx, p, 3, "[total_q, H, D]"));
+static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows) {
     if (p->cache_seqlens)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "cache_seqlens: belongs to attention_with_kvcache (varlen uses seqused_k)");
@@ -645,7 +783,8 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
         pb.h_seqlen_q = sq;
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
-        st = build_problem(ctx, p, true, pb.total_q > 0, &pb, &s);
+        st = build_problem(ctx, p, true, pb.total_q > 0, csr_rows, &pb, &s);
+        if (st == PA_OK) st = check_last_page_len(ctx, p, &pb);
         if (st == PA_OK && pb.total_q > 0) st = run(ctx, p, &pb);
     }
     scratch_free(&s);

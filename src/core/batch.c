@@ -269,12 +269,13 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
              * (An unshared page, the usual case, needs no look at the stamps.) */
             const int32_t p = s->pages[pa_page_index(pool, len)];
             const int32_t rc = pool->refcount[p];
-            if (rc > 1) {
+            const bool cached = pa_pool_page_cached(pool, p); /* never written: every writer copies */
+            if (rc > 1 || cached) {
                 if (pool->page_stamp[p] != epoch) {
                     pool->page_stamp[p] = epoch;
                     pool->page_drops[p] = 0;
                 }
-                if (rc - pool->page_drops[p] > 1) {
+                if (cached || rc - pool->page_drops[p] > 1) {
                     e->cow = true;
                     pool->page_drops[p]++;
                     cows++;
@@ -291,10 +292,10 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
     need += cows;
     if (total_q > INT32_MAX || nnz > INT32_MAX)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: the batch has more than 2^31 - 1 new tokens or pages");
-    if (need > pool->free_top)
+    if (need > pa_pool_available(pool))
         return pa_fail(ctx, PA_ERR_OUT_OF_PAGES,
                        "seqs: out of pages: the batch needs %lld more pages (%lld of them copies of shared pages), the pool has %lld free of %lld",
-                       (long long)need, (long long)cows, (long long)pool->free_top, (long long)pool->num_pages);
+                       (long long)need, (long long)cows, (long long)pa_pool_available(pool), (long long)pool->num_pages);
 
     /* layout of the staging buffer */
     const size_t B = (size_t)n, T = (size_t)total_q;
@@ -405,7 +406,7 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
     }
     pool->tokens += total_q;
     {
-        int64_t used = pool->num_pages - pool->free_top;
+        int64_t used = pool->num_pages - pa_pool_available(pool);
         if (used > pool->peak_used) pool->peak_used = used;
     }
     if (!b->dev->host_accessible && total > 0) {
@@ -460,6 +461,15 @@ pa_status pa_batch_unstage(pa_context *ctx, pa_batch *b) {
             return pa_fail(ctx, PA_ERR_ARGUMENT,
                            "batch: sequence %d was freed or changed since it was staged; cannot undo the stage",
                            u->id);
+        /* pages it held reserved before the stage, which the staged tokens
+         * fill, become reserved again: a fork since shares them, and the
+         * sequence would write them again (a reserved page has one holder);
+         * pages the stage took go back, shared or not */
+        for (int64_t j = pa_pages_for(u->before_len, b->pool->page_size); j < u->before_pages; j++)
+            if (b->pool->refcount[s->pages[j]] > 1)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "batch: sequence %d's staged tokens are shared now (forked since the stage); "
+                               "cannot undo the stage", u->id);
     }
     rollback(b, b->staged_n);
     b->staged_n = -1;

@@ -21,7 +21,10 @@ void pa_pool_params_init(pa_pool_params *p) {
 
 /* ---- pages ---- */
 
-int32_t pa_pool_pop_page(pa_pool *pool) { return pool->free_stack[--pool->free_top]; }
+int32_t pa_pool_pop_page(pa_pool *pool) {
+    if (pool->free_top > 0) return pool->free_stack[--pool->free_top];
+    return pa_prefix_evict(pool); /* only idle cached pages are left */
+}
 
 void pa_pool_push_page(pa_pool *pool, int32_t page) { pool->free_stack[pool->free_top++] = page; }
 
@@ -34,11 +37,14 @@ void pa_pool_page_unref(pa_pool *pool, int32_t page) {
     int32_t rc = --pool->refcount[page];
     pool->page_refs--;
     if (rc == 1) pool->shared_pages--;
-    else if (rc == 0) pa_pool_push_page(pool, page);
+    else if (rc == 0) {
+        if (pool->pc && (pool->pc->state[page] & PA_PC_CACHED)) pa_prefix_release(pool, page);
+        else pa_pool_push_page(pool, page);
+    }
 }
 
 static void note_peak(pa_pool *pool) {
-    int64_t used = pool->num_pages - pool->free_top;
+    int64_t used = pool->num_pages - pa_pool_available(pool);
     if (used > pool->peak_used) pool->peak_used = used;
 }
 
@@ -198,6 +204,7 @@ void pa_pool_destroy(pa_pool *pool) {
     free(pool->page_stamp);
     free(pool->page_drops);
     free(pool->layers);
+    pa_prefix_destroy(pool->pc);
     free(pool);
 }
 
@@ -207,14 +214,20 @@ void pa_pool_get_stats(const pa_pool *pool, pa_pool_stats *out) {
     if (!pool) return;
     out->num_pages = pool->num_pages;
     out->page_size = pool->page_size;
-    out->free_pages = pool->free_top;
-    out->used_pages = pool->num_pages - pool->free_top;
+    out->free_pages = pa_pool_available(pool);
+    out->used_pages = pool->num_pages - out->free_pages;
     out->shared_pages = pool->shared_pages;
     out->page_refs = pool->page_refs;
     out->peak_used_pages = pool->peak_used;
     out->sequences = pool->live;
     out->tokens = pool->tokens;
     out->cow_copies = pool->cow_copies;
+    if (pool->pc) {
+        out->cached_pages = pool->pc->cached;
+        out->prefix_hits = pool->pc->hits;
+        out->prefix_misses = pool->pc->misses;
+        out->prefix_evictions = pool->pc->evictions;
+    }
 }
 
 int64_t pa_pool_num_pages(const pa_pool *pool) { return pool ? pool->num_pages : 0; }
@@ -292,9 +305,12 @@ pa_status pa_pool_validate(pa_context *ctx, const pa_pool *pool) {
     for (int64_t p = 0; p < N; p++) {
         if (pool->refcount[p] != refs[p])
             BAD("page %lld has refcount %d but %d references", (long long)p, pool->refcount[p], refs[p]);
-        if ((refs[p] == 0) != (in_stack[p] != 0))
-            BAD("page %lld has %d references and is %son the free stack", (long long)p, refs[p],
-                in_stack[p] ? "" : "not ");
+        /* an unheld page is free: on the free stack, or cached and idle */
+        const bool idle = pool->pc && (pool->pc->state[p] & PA_PC_IDLE);
+        if ((refs[p] == 0) != (in_stack[p] != 0 || idle))
+            BAD("page %lld has %d references and is %son the free stack%s", (long long)p, refs[p],
+                in_stack[p] ? "" : "not ", idle ? " (idle in the prefix cache)" : "");
+        if (in_stack[p] && idle) BAD("page %lld is both on the free stack and idle in the prefix cache", (long long)p);
         page_refs += refs[p];
         if (refs[p] >= 2) shared++;
     }
@@ -313,6 +329,7 @@ pa_status pa_pool_validate(pa_context *ctx, const pa_pool *pool) {
         if (slot < 0 || slot >= pool->seq_cap || pool->seqs[slot].id != -1)
             BAD("free slot ring entry %d is slot %d, not a free slot", k, slot);
     }
+    if (pool->pc) st = pa_prefix_validate(ctx, pool, refs, in_stack);
 #undef BAD
 done:
     free(refs);
@@ -338,6 +355,9 @@ pa_status pa_seq_ensure_cap(pa_context *ctx, pa_seq *s, int64_t pages) {
 void pa_seq_shrink(pa_pool *pool, pa_seq *s, int64_t len, int32_t keep_pages) {
     for (int32_t j = s->num_pages - 1; j >= keep_pages; j--) pa_pool_page_unref(pool, s->pages[j]);
     if (keep_pages < s->num_pages) s->num_pages = keep_pages;
+    /* kept pages past the tokens (reserved) are written without a copy: out
+     * of the cache (a partial last page stays: a write copies it first) */
+    if (pool->pc) pa_prefix_uncache_from(pool, s, pa_pages_for(len, pool->page_size));
     pool->tokens += len - s->len;
     s->len = len;
 }
@@ -441,11 +461,11 @@ static pa_status seq_write(pa_context *ctx, pa_pool *pool, int32_t id, int64_t n
     if (n == 0) return PA_OK;
     bool cow;
     int64_t need = pa_seq_plan(pool, s, n, &cow);
-    if (need > pool->free_top)
+    if (need > pa_pool_available(pool))
         return pa_fail(ctx, PA_ERR_OUT_OF_PAGES,
                        "n: out of pages: %lld more tokens need %lld more pages%s, the pool has %lld free of %lld",
                        (long long)n, (long long)need, cow ? " (one a copy of a shared page)" : "",
-                       (long long)pool->free_top, (long long)pool->num_pages);
+                       (long long)pa_pool_available(pool), (long long)pool->num_pages);
     int64_t fresh = need - (cow ? 1 : 0);
     st = pa_seq_ensure_cap(ctx, s, s->num_pages + fresh);
     if (st) return st;

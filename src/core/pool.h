@@ -4,7 +4,8 @@
  *
  * Invariants (pa_pool_validate checks them all):
  *  - refcount[p] = the number of (sequence, index) pairs naming page p;
- *  - the free stack holds exactly the pages with refcount 0, once each;
+ *  - the free stack and the prefix cache's idle list together hold exactly
+ *    the pages with refcount 0, each once (prefix_cache.c: its invariants);
  *  - the pages of a sequence past ceil(len / page_size) (reserved, empty)
  *    have refcount 1: only pages holding tokens are ever shared;
  *  - shared_pages, page_refs and tokens match a recount.
@@ -70,7 +71,49 @@ struct pa_pool {
 
     int64_t shared_pages, page_refs, tokens, cow_copies, peak_used;
     int32_t ps_shift; /* log2(page_size) when a power of two, else -1 */
+
+    struct pa_prefix_cache *pc; /* prefix caching (prefix_cache.c); NULL while off */
 };
+
+/* The prefix cache: hash -> page in an open-addressing table (linear
+ * probing, backward-shift deletion), and the cached pages that no sequence
+ * holds on a doubly linked list through the pages, oldest release first. */
+#define PA_PC_CACHED 1u /* the page is in the table under hash[page] */
+#define PA_PC_IDLE 2u   /* ... and no sequence holds it: it is on the list */
+
+typedef struct pa_prefix_cache {
+    int32_t *table; /* [mask + 1] page ids, -1 = empty */
+    uint64_t mask;
+    uint64_t *hash;  /* [num_pages] */
+    int32_t *prev, *next; /* [num_pages] the list; -1 = none */
+    uint8_t *state;  /* [num_pages] PA_PC_* bits */
+    int32_t head, tail; /* oldest, newest; -1 when empty */
+    int64_t idle, cached;
+    int64_t hits, misses, evictions;
+} pa_prefix_cache;
+
+/* Whether page is in the prefix cache: then nobody writes it (a write into
+ * it copies it first, as for a shared page). */
+static inline bool pa_pool_page_cached(const pa_pool *pool, int32_t page) {
+    return pool->pc && (pool->pc->state[page] & PA_PC_CACHED);
+}
+
+/* Pages an allocation can take now: the free stack and the idle cached pages. */
+static inline int64_t pa_pool_available(const pa_pool *pool) {
+    return pool->free_top + (pool->pc ? pool->pc->idle : 0);
+}
+
+/* prefix_cache.c: an idle cached page leaves the cache for reuse (the list
+ * must not be empty); a cached page whose last holder released it joins the
+ * list; pages of s from index `from` on that are cached leave the cache (they
+ * are s's reserved pages: written without a copy); the cache's part of
+ * pa_pool_validate. */
+int32_t pa_prefix_evict(pa_pool *pool);
+void pa_prefix_release(pa_pool *pool, int32_t page);
+void pa_prefix_uncache_from(pa_pool *pool, const pa_seq *s, int64_t from);
+pa_status pa_prefix_validate(pa_context *ctx, const pa_pool *pool, const int32_t *refs,
+                             const int32_t *in_stack);
+void pa_prefix_destroy(pa_prefix_cache *pc);
 
 static inline pa_seq *pa_pool_seq(const pa_pool *pool, int32_t id) {
     if (id < 0) return NULL;
@@ -104,16 +147,17 @@ static inline int32_t pa_pool_pages_for(const pa_pool *pool, int64_t tokens) {
 }
 
 /* Pages to take from the pool to write n more tokens into s (0 < n <=
- * PA_MAX_SEQ_LEN - s->len), and whether its partial last page is shared (so
- * it must be copied first). */
+ * PA_MAX_SEQ_LEN - s->len), and whether its partial last page is shared or
+ * cached (so it must be copied first). */
 static inline int64_t pa_seq_plan(const pa_pool *pool, const pa_seq *s, int64_t n, bool *cow) {
     *cow = false;
     if (n <= 0) return 0;
     int64_t fresh = pa_pages_for(s->len + n, pool->page_size) - s->num_pages;
     if (fresh < 0) fresh = 0;
-    if (s->len % pool->page_size != 0 &&
-        pool->refcount[s->pages[s->len / pool->page_size]] > 1)
-        *cow = true;
+    if (s->len % pool->page_size != 0) {
+        const int32_t last = s->pages[s->len / pool->page_size];
+        if (pool->refcount[last] > 1 || pa_pool_page_cached(pool, last)) *cow = true;
+    }
     return fresh + (*cow ? 1 : 0);
 }
 
@@ -121,7 +165,8 @@ static inline int64_t pa_seq_plan(const pa_pool *pool, const pa_seq *s, int64_t 
  * changes, so a failure leaves the pool as it was). */
 pa_status pa_seq_ensure_cap(pa_context *ctx, pa_seq *s, int64_t pages);
 
-/* Page-level operations, all infallible once planned. */
+/* Page-level operations, all infallible once planned (pop evicts an idle
+ * cached page when the free stack is empty). */
 int32_t pa_pool_pop_page(pa_pool *pool);
 void pa_pool_push_page(pa_pool *pool, int32_t page);
 void pa_pool_page_ref(pa_pool *pool, int32_t page);
