@@ -74,10 +74,12 @@ pa_status pa_cu_fail(pa_context *ctx, CUresult r, const char *call, const char *
     (void)line;
     return pa_fail(ctx, PA_ERR_DEVICE, "%s failed: %d", call, r);
 }
-bool pa_env_flag(const char *name) {
+#ifdef EQUIV_OLD
+bool pa_env_flag(const char *name) { /* (the older tree read a flag of the environment) */
     const char *v = getenv(name);
     return v && *v && strcmp(v, "0") != 0;
 }
+#endif
 
 pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out) {
     (void)ctx;

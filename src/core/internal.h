@@ -383,7 +383,6 @@ static inline void pa_randn4(uint64_t block, uint64_t seed, double out[4]) {
 
 /* ---- helpers shared by the core ---- */
 const char *pa_shape_str(const pa_tensor *t, char *buf, size_t len);
-bool pa_env_flag(const char *name);
 
 
 
