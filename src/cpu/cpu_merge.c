@@ -1,0 +1,120 @@
+/*
+ * cpu_merge.c -- the CPU backend's merge of attention states by their
+ * log-sum-exp, and its row copy (with rotary) of q, for the cascade
+ * (src/core/merge.c describes both problems).
+ */
+#include "cpu_kernels.h"
+#include "threadpool.h"
+
+#define MERGE_ROWS 16  /* rows (tokens) per work item */
+#define GATHER_ROWS 16
+
+static void merge_item(void *arg, int64_t item, int thread) {
+    (void)thread;
+    const pa_merge_problem *p = arg;
+    const int H = p->heads, D = p->head_dim, S = p->num_states;
+    const int64_t r0 = item * MERGE_ROWS, r1 = r0 + MERGE_ROWS < p->rows ? r0 + MERGE_ROWS : p->rows;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t row[PA_MERGE_MAX_STATES];
+        for (int s = 0; s < S; s++) row[s] = p->states[s].rows ? p->states[s].rows[r] : r;
+        for (int h = 0; h < H; h++) {
+            float lse[PA_MERGE_MAX_STATES], mx = -INFINITY;
+            bool nan = false;
+            for (int s = 0; s < S; s++) {
+                const pa_merge_state *st = &p->states[s];
+                lse[s] = row[s] < 0 ? -INFINITY
+                                    : st->lse[row[s] / st->lse_seq * H * st->lse_seq + (int64_t)h * st->lse_seq +
+                                              row[s] % st->lse_seq];
+                if (isnan(lse[s])) nan = true;
+                if (lse[s] > mx) mx = lse[s];
+            }
+            float acc[PA_MAX_HEAD_DIM], lo[PA_MAX_HEAD_DIM], hi[PA_MAX_HEAD_DIM];
+            float out_lse;
+            if (nan) {
+                for (int d = 0; d < D; d++) acc[d] = NAN;
+                out_lse = NAN;
+            } else if (mx == -INFINITY) { /* every state empty: a fully masked row */
+                for (int d = 0; d < D; d++) acc[d] = 0;
+                out_lse = -INFINITY;
+            } else {
+                float w[PA_MERGE_MAX_STATES], sum = 0;
+                for (int s = 0; s < S; s++) {
+                    w[s] = expf(lse[s] - mx); /* 0 for an empty state */
+                    sum += w[s];
+                }
+                const float inv = 1.0f / sum;
+                for (int d = 0; d < D; d++) {
+                    acc[d] = 0;
+                    lo[d] = INFINITY;
+                    hi[d] = -INFINITY;
+                }
+                for (int s = 0; s < S; s++) {
+                    if (w[s] == 0) continue; /* not read: an empty state's o may hold anything */
+                    const float ws = w[s] * inv;
+                    const int64_t off = (row[s] * H + h) * (int64_t)D;
+                    for (int d = 0; d < D; d++) {
+                        const float v = pa_load_f32(p->states[s].o, p->dtype, off + d);
+                        acc[d] += ws * v;
+                        if (v < lo[d]) lo[d] = v;
+                        if (v > hi[d]) hi[d] = v;
+                    }
+                }
+                /* the exact result is a convex combination: it lies between
+                 * the states' values, and rounding must not take it past them
+                 * (v near the largest float would become inf) */
+                for (int d = 0; d < D; d++) {
+                    if (acc[d] < lo[d]) acc[d] = lo[d];
+                    if (acc[d] > hi[d]) acc[d] = hi[d];
+                }
+                out_lse = mx + logf(sum);
+            }
+            const int64_t off = (r * H + h) * (int64_t)D;
+            for (int d = 0; d < D; d++) pa_store_f32(p->out, p->dtype, off + d, acc[d]);
+            if (p->out_lse)
+                p->out_lse[r / p->out_lse_seq * H * p->out_lse_seq + (int64_t)h * p->out_lse_seq + r % p->out_lse_seq] =
+                    out_lse;
+        }
+    }
+}
+
+pa_status pa_cpu_merge(pa_threadpool *pool, const pa_merge_problem *p) {
+    pa_threadpool_run(pool, (p->rows + MERGE_ROWS - 1) / MERGE_ROWS, merge_item, (void *)p);
+    return PA_OK;
+}
+
+static void gather_item(void *arg, int64_t item, int thread) {
+    (void)thread;
+    const pa_rows_problem *p = arg;
+    const int H = p->heads, D = p->head_dim;
+    const size_t es = pa_dtype_size(p->dtype), row_bytes = (size_t)H * (size_t)D * es;
+    const int64_t r0 = item * GATHER_ROWS, r1 = r0 + GATHER_ROWS < p->rows ? r0 + GATHER_ROWS : p->rows;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t s = p->row_map ? p->row_map[r] : r;
+        if (!p->rotary_cos) {
+            memcpy((char *)p->dst + r * (int64_t)row_bytes, (const char *)p->src + s * (int64_t)row_bytes, row_bytes);
+            continue;
+        }
+        const int64_t pos = p->pos[p->pos_index ? p->pos_index[s] : s];
+        const int half = p->rotary_dim / 2;
+        for (int h = 0; h < H; h++) {
+            double x[PA_MAX_HEAD_DIM];
+            const int64_t so = (s * H + h) * (int64_t)D, dof = (r * H + h) * (int64_t)D;
+            for (int d = 0; d < D; d++) x[d] = pa_load_f64(p->src, p->dtype, so + d);
+            for (int j = 0; j < half; j++) {
+                const double c = pa_load_f64(p->rotary_cos, p->rotary_dtype, pos * half + j);
+                const double sn = pa_load_f64(p->rotary_sin, p->rotary_dtype, pos * half + j);
+                const int i0 = p->rotary_interleaved ? 2 * j : j;
+                const int i1 = p->rotary_interleaved ? 2 * j + 1 : j + half;
+                const double x0 = x[i0], x1 = x[i1];
+                x[i0] = x0 * c - x1 * sn;
+                x[i1] = x0 * sn + x1 * c;
+            }
+            for (int d = 0; d < D; d++) pa_store_f64(p->dst, p->dtype, dof + d, x[d]);
+        }
+    }
+}
+
+pa_status pa_cpu_gather_rows(pa_threadpool *pool, const pa_rows_problem *p) {
+    pa_threadpool_run(pool, (p->rows + GATHER_ROWS - 1) / GATHER_ROWS, gather_item, (void *)p);
+    return PA_OK;
+}
