@@ -215,7 +215,7 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p);
  * call's out and lse: o [T, H, D] with lse f32 [H, T] (attention_varlen), or
  * o [B, Sq, H, D] with lse f32 [B, H, Sq] (attention_with_kvcache). */
 typedef struct pa_merge_params {
-    int32_t num_states;          /* >= 1 */
+    int32_t num_states;          /* 1 to 32 */
     const pa_tensor *const *o;   /* [num_states]: one shape and dtype (f32, f16, bf16) */
     const pa_tensor *const *lse; /* [num_states]: f32, the layout above */
     pa_tensor *out;              /* o's shape and dtype; may be one of the o (in place) */

@@ -258,7 +258,8 @@ function M.merge_states(a, b, c, d, e, f)
   merge_params.o, merge_params.lse = nil, nil
   if st ~= 0 then
     -- the C message names the states o[i] / lse[i]: use this call's names
-    local msg = core.last_error():gsub("^(%a+)%[(%d+)%]", function(kind, i)
+    local msg = core.last_error():gsub("%f[%a](%a+)%[(%d+)%]", function(kind, i)
+      if kind ~= "o" and kind ~= "lse" then return nil end
       return name_of(tonumber(i), kind == "o" and 1 or 2)
     end)
     msg = "pagedattn." .. F .. ": " .. msg

@@ -226,7 +226,7 @@ struct pa_attn_problem {
  * (lse_seq = T for [H, T], Sq for [B, H, Sq]). out may be the o of a state
  * without rows (and out_lse its lse): each (row, head) reads every state
  * before it writes. Pointers are the device's. */
-#define PA_MERGE_MAX_STATES 8 /* per backend call; the core chains longer lists */
+#define PA_MERGE_MAX_STATES 32 /* pa_merge_states' num_states (pagedattn.h) */
 
 typedef struct pa_merge_state {
     const void *o;

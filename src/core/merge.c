@@ -1,8 +1,9 @@
 /*
  * merge.c -- merging partial attention results by their log-sum-exp
- * (pa_merge_states: validation, then the backend's merge op), and the two
- * entry points the cascade uses on validated problems (merge with row maps,
- * copying and rotating rows of q).
+ * (pa_merge_states: validation, then the backend's merge op, all states in
+ * one pass so that nothing is rounded to the dtype before the end), and the
+ * two entry points the cascade uses on validated problems (merge with row
+ * maps, copying and rotating rows of q).
  */
 #include "internal.h"
 
@@ -56,7 +57,8 @@ pa_status pa_gather_rows_run(pa_context *ctx, const pa_rows_problem *p) {
 pa_status pa_merge_states(pa_context *ctx, const pa_merge_params *p) {
     if (!p) return pa_fail(ctx, PA_ERR_ARGUMENT, "params: NULL");
     const int32_t S = p->num_states;
-    if (S < 1) return pa_fail(ctx, PA_ERR_ARGUMENT, "num_states: %d, expected at least 1", S);
+    if (S < 1 || S > PA_MERGE_MAX_STATES)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "num_states: %d, expected 1 to %d", S, PA_MERGE_MAX_STATES);
     if (!p->o) return pa_fail(ctx, PA_ERR_ARGUMENT, "o: NULL (num_states tensors expected)");
     if (!p->lse) return pa_fail(ctx, PA_ERR_ARGUMENT, "lse: NULL (num_states tensors expected)");
     for (int32_t s = 0; s < S; s++) {
@@ -123,69 +125,23 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_params *p) {
         TRY(same_shape(ctx, "out_lse", out_lse, lse_dims, lse_ndim, lse_layout));
     }
 
-    /* The backend merges up to PA_MERGE_MAX_STATES at a time; longer lists
-     * are merged in passes, each folding the next states into out. A state
-     * that out (or out_lse) is, goes into the first pass, which reads it
-     * before anything is written. */
-    int32_t order[PA_MERGE_MAX_STATES];
-    int32_t *ord = S <= PA_MERGE_MAX_STATES ? order : malloc(sizeof(int32_t) * (size_t)S);
-    if (!ord) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "merge_states: out of host memory");
-    int32_t n = 0;
-    for (int32_t s = 0; s < S; s++)
-        if (p->o[s] == out || p->lse[s] == out_lse) ord[n++] = s;
-    if (n > PA_MERGE_MAX_STATES) {
-        if (ord != order) free(ord);
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "out: is the o or lse of %d states, more than the %d merged first", n,
-                       PA_MERGE_MAX_STATES);
-    }
-    for (int32_t s = 0; s < S; s++)
-        if (!(p->o[s] == out || p->lse[s] == out_lse)) ord[n++] = s;
-
-    /* passes after the first need the running lse: out_lse, or a temporary */
-    pa_tensor *tmp_lse = NULL;
-    pa_status st = PA_OK;
-    if (!out_lse && S > PA_MERGE_MAX_STATES) {
-        st = pa_tensor_create(ctx, dev, PA_F32, lse_ndim, lse_dims, &tmp_lse);
-        if (st) {
-            if (ord != order) free(ord);
-            return st;
-        }
-    }
-    pa_tensor *run_lse = out_lse ? out_lse : tmp_lse;
     pa_merge_problem mp;
     memset(&mp, 0, sizeof mp);
     mp.dev = dev;
     mp.dtype = o0->dtype;
+    mp.num_states = S;
     mp.heads = (int32_t)H;
     mp.head_dim = (int32_t)D;
     mp.rows = rows;
-    mp.out = out->data;
-    mp.out_lse_seq = lse_seq;
-    int32_t done = 0;
-    while (st == PA_OK && done < S) {
-        int32_t k = 0;
-        if (done > 0) { /* the result so far, in place */
-            mp.states[k].o = out->data;
-            mp.states[k].lse = run_lse->data;
-            mp.states[k].lse_seq = lse_seq;
-            mp.states[k].rows = NULL;
-            k++;
-        }
-        while (k < PA_MERGE_MAX_STATES && done < S) {
-            const int32_t s = ord[done++];
-            mp.states[k].o = p->o[s]->data;
-            mp.states[k].lse = p->lse[s]->data;
-            mp.states[k].lse_seq = lse_seq;
-            mp.states[k].rows = NULL;
-            k++;
-        }
-        mp.num_states = k;
-        mp.out_lse = done < S ? (run_lse ? run_lse->data : NULL) : (out_lse ? out_lse->data : NULL);
-        pa_mirror_invalidate(out);
-        if (out_lse) pa_mirror_invalidate(out_lse);
-        st = pa_merge_run(ctx, &mp);
+    for (int32_t s = 0; s < S; s++) {
+        mp.states[s].o = p->o[s]->data;
+        mp.states[s].lse = p->lse[s]->data;
+        mp.states[s].lse_seq = lse_seq;
     }
-    pa_tensor_destroy(tmp_lse);
-    if (ord != order) free(ord);
-    return st;
+    mp.out = out->data;
+    mp.out_lse = out_lse ? out_lse->data : NULL;
+    mp.out_lse_seq = lse_seq;
+    pa_mirror_invalidate(out);
+    if (out_lse) pa_mirror_invalidate(out_lse);
+    return pa_merge_run(ctx, &mp);
 }
