@@ -72,15 +72,15 @@ static int32_t full_pages(const pa_pool *pool, const entry *e) {
     return pa_page_index(pool, e->seq->len); /* len: before the step (planning precedes the commit) */
 }
 
-/* How many of a[0..n) and b[0..n) agree from the start: blocks of 16
- * compared without an exit (which vectorises), then the block that differs. */
+/* How many of a[0..n) and b[0..n) agree from the start. Every page is
+ * compared (a page shared at index j does not prove the pages before it
+ * shared: prefix-cache hashes are the caller's), with memcmp, which the C
+ * library runs at the machine's vector width: all of them first (members of
+ * a group agree), then blocks of 64 to find where they part. */
 static int32_t common_run(const int32_t *a, const int32_t *b, int32_t n) {
+    if (n <= 0 || memcmp(a, b, (size_t)n * sizeof(int32_t)) == 0) return n > 0 ? n : 0;
     int32_t j = 0;
-    for (; j + 16 <= n; j += 16) {
-        uint32_t diff = 0;
-        for (int k = 0; k < 16; k++) diff |= (uint32_t)(a[j + k] ^ b[j + k]);
-        if (diff) break;
-    }
+    while (j + 64 <= n && memcmp(a + j, b + j, 64 * sizeof(int32_t)) == 0) j += 64;
     while (j < n && a[j] == b[j]) j++;
     return j;
 }
