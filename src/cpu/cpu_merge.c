@@ -9,6 +9,43 @@
 #define MERGE_ROWS 16  /* rows (tokens) per work item */
 #define GATHER_ROWS 16
 
+/* A row of D elements as f32, the dtype switch outside the loop (so that
+ * the loops vectorise). */
+static void load_row(float *dst, const void *base, pa_dtype dt, int64_t off, int D) {
+    switch (dt) {
+    case PA_BF16: {
+        const uint16_t *src = (const uint16_t *)base + off;
+        for (int d = 0; d < D; d++) {
+            const uint32_t u = (uint32_t)src[d] << 16;
+            memcpy(&dst[d], &u, 4);
+        }
+        break;
+    }
+    case PA_F16: {
+        const uint16_t *src = (const uint16_t *)base + off;
+        for (int d = 0; d < D; d++) dst[d] = pa_f16_to_f32(src[d]);
+        break;
+    }
+    default: memcpy(dst, (const float *)base + off, (size_t)D * sizeof(float)); break;
+    }
+}
+
+static void store_row(void *base, pa_dtype dt, int64_t off, const float *src, int D) {
+    switch (dt) {
+    case PA_BF16: {
+        uint16_t *dst = (uint16_t *)base + off;
+        for (int d = 0; d < D; d++) dst[d] = pa_f32_to_bf16(src[d]);
+        break;
+    }
+    case PA_F16: {
+        uint16_t *dst = (uint16_t *)base + off;
+        for (int d = 0; d < D; d++) dst[d] = pa_f32_to_f16(src[d]);
+        break;
+    }
+    default: memcpy((float *)base + off, src, (size_t)D * sizeof(float)); break;
+    }
+}
+
 static void merge_item(void *arg, int64_t item, int thread) {
     (void)thread;
     const pa_merge_problem *p = arg;
@@ -28,7 +65,7 @@ static void merge_item(void *arg, int64_t item, int thread) {
                 if (isnan(lse[s])) nan = true;
                 if (lse[s] > mx) mx = lse[s];
             }
-            float acc[PA_MAX_HEAD_DIM], lo[PA_MAX_HEAD_DIM], hi[PA_MAX_HEAD_DIM];
+            float acc[PA_MAX_HEAD_DIM], lo[PA_MAX_HEAD_DIM], hi[PA_MAX_HEAD_DIM], v[PA_MAX_HEAD_DIM];
             float out_lse;
             if (nan) {
                 for (int d = 0; d < D; d++) acc[d] = NAN;
@@ -51,25 +88,23 @@ static void merge_item(void *arg, int64_t item, int thread) {
                 for (int s = 0; s < S; s++) {
                     if (w[s] == 0) continue; /* not read: an empty state's o may hold anything */
                     const float ws = w[s] * inv;
-                    const int64_t off = (row[s] * H + h) * (int64_t)D;
+                    load_row(v, p->states[s].o, p->dtype, (row[s] * H + h) * (int64_t)D, D);
                     for (int d = 0; d < D; d++) {
-                        const float v = pa_load_f32(p->states[s].o, p->dtype, off + d);
-                        acc[d] += ws * v;
-                        if (v < lo[d]) lo[d] = v;
-                        if (v > hi[d]) hi[d] = v;
+                        acc[d] += ws * v[d];
+                        lo[d] = v[d] < lo[d] ? v[d] : lo[d];
+                        hi[d] = v[d] > hi[d] ? v[d] : hi[d];
                     }
                 }
                 /* the exact result is a convex combination: it lies between
                  * the states' values, and rounding must not take it past them
                  * (v near the largest float would become inf) */
                 for (int d = 0; d < D; d++) {
-                    if (acc[d] < lo[d]) acc[d] = lo[d];
-                    if (acc[d] > hi[d]) acc[d] = hi[d];
+                    acc[d] = acc[d] < lo[d] ? lo[d] : acc[d];
+                    acc[d] = acc[d] > hi[d] ? hi[d] : acc[d];
                 }
                 out_lse = mx + logf(sum);
             }
-            const int64_t off = (r * H + h) * (int64_t)D;
-            for (int d = 0; d < D; d++) pa_store_f32(p->out, p->dtype, off + d, acc[d]);
+            store_row(p->out, p->dtype, (r * H + h) * (int64_t)D, acc, D);
             if (p->out_lse)
                 p->out_lse[r / p->out_lse_seq * H * p->out_lse_seq + (int64_t)h * p->out_lse_seq + r % p->out_lse_seq] =
                     out_lse;
