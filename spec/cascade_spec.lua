@@ -3,64 +3,18 @@
 -- shared pages, groups of one, the caller's groups), and b:attention's two
 -- levels against the plain call and the float64 reference on random sharing
 -- structures with every option that makes sense with them (and the plain
--- call, named, for those that do not), on cpu and cpu:staged.
+-- call, named, for those that do not), on cpu and cpu:staged
+-- (spec/cascade_cases.lua; spec/gpu_cascade_spec.lua runs them on the GPU).
 local pa = require "pagedattn"
 local ref = require "pagedattn.reference"
 local H = require "helpers"
 
 local SPEC = "spec/cascade_spec.lua"
 
-local function to_ref(t) return ref.tensor(t.shape, t:to_table()) end
-local function pick(rng, list) return list[rng:int(1, #list)] end
-local function chance(rng, p) return rng:uniform() < p end
+local cases = require "cascade_cases"
+local rotary_tables = cases.rotary_tables
 
-local function ints(t)
-  local v = t:to_table()
-  return v
-end
-
--- Rotary tables [n, dim / 2] (f32), as a model would have them.
-local function rotary_tables(n, dim, dev)
-  local cs, sn = {}, {}
-  for pos = 0, n - 1 do
-    for j = 0, dim / 2 - 1 do
-      local theta = pos * 10000 ^ (-2 * j / dim)
-      cs[#cs + 1], sn[#sn + 1] = math.cos(theta), math.sin(theta)
-    end
-  end
-  return pa.from_table(cs, { n, dim / 2 }, "f32", dev), pa.from_table(sn, { n, dim / 2 }, "f32", dev)
-end
-
--- A random sharing structure on a pool: roots, forks, forks of forks (some
--- grown before forking again), truncations into shared pages, lone
--- sequences. Returns the live sequences (bookkeeping only: the caches are
--- filled afterwards).
-local function random_structure(rng, cache, ps)
-  local live = {}
-  for _ = 1, rng:int(1, 3) do
-    local s = cache:sequence()
-    assert(s:append(rng:int(0, 6 * ps + 2)))
-    live[#live + 1] = s
-  end
-  for _ = 1, rng:int(2, 10) do
-    local s = pick(rng, live)
-    local u = rng:uniform()
-    if u < 0.55 then
-      local c = assert(s:fork())
-      if chance(rng, 0.5) then assert(c:append(rng:int(1, 3 * ps))) end
-      live[#live + 1] = c
-    elseif u < 0.7 and s:len() > 0 then
-      s:truncate(rng:int(0, s:len()))
-    elseif u < 0.85 then
-      assert(s:append(rng:int(1, 2 * ps)))
-    else
-      local n = cache:sequence()
-      assert(n:append(rng:int(0, 4 * ps)))
-      live[#live + 1] = n
-    end
-  end
-  return live
-end
+local function ints(t) return t:to_table() end
 
 describe("shared prefixes (batch{cascade = true})", function()
   it("groups forks of forks by the page reads they save, one level each", function()
@@ -178,196 +132,13 @@ describe("shared prefixes (batch{cascade = true})", function()
   for _, name in ipairs { "cpu", "cpu:staged" } do
     it("gives the plain call's results (float64 reference, tolerance rule) on random sharing structures on " .. name,
       function()
-      local dev = assert(pa.device(name))
-      local used, reasons = 0, {}
-      local cases = H.scale(36)
-      for case = 1, cases do
-        local seed = H.seed("cascade-" .. name, case)
-        local rng = ref.rng(seed)
-        local dtype = pick(rng, { "f32", "f32", "bf16", "f16" })
-        local ps = pick(rng, { 1, 3, 4, 16 })
-        local Hk, G, D = pick(rng, { 1, 2 }), pick(rng, { 1, 2, 4 }), pick(rng, { 8, 16, 32 })
-        local Hq = Hk * G
-        local cache = assert(pa.kv_cache { num_pages = 600, page_size = ps, kv_heads = Hk, head_dim = D,
-          dtype = dtype, device = dev })
-        local live = random_structure(rng, cache, ps)
-        -- the keys: random, in the dtype (shared pages hold one copy)
-        cache.k_cache:copy_from(pa.randn(cache.k_cache.shape, dtype, dev, seed))
-        cache.v_cache:copy_from(pa.randn(cache.v_cache.shape, dtype, dev, seed + 1))
-        local form4 = chance(rng, 0.2)
-        local b = cache:batch { cascade = true }
-        local labels = chance(rng, 0.25)
-        local entries = {}
-        rng:shuffle(live)
-        local s_new = rng:int(1, 3)
-        for i = 1, #live do
-          if chance(rng, 0.85) then
-            local n = form4 and s_new or pick(rng, { 1, 1, 1, 0, 2, 5 })
-            local grp = labels and chance(rng, 0.8) and rng:int(0, 2) or nil
-            b:add(live[i], n, grp)
-            entries[#entries + 1] = live[i]
-          end
-        end
-        if #entries == 0 then b:add(live[1], form4 and s_new or 1); entries[1] = live[1] end
-        assert(b:stage())
-        local T, B = b.total_q, b.size
-        -- options
-        local o = {}
-        if chance(rng, 0.2) then
-          o.causal = false
-          if chance(rng, 0.5) then o.window_size = { -1, rng:int(0, 3) } end
-        end
-        if chance(rng, 0.3) then o.softcap = pick(rng, { 2, 10 }) end
-        if chance(rng, 0.2) then o.softmax_scale = 0.05 + rng:uniform() end
-        if chance(rng, 0.2) then o.num_splits = rng:int(1, 3) end
-        if chance(rng, 0.6) then o.return_softmax_lse = true end
-        local info0 = b:cascade_info()
-        local wl = -1
-        if chance(rng, 0.15) then
-          wl = chance(rng, 0.5) and rng:int(0, 3) or info0.max_grouped_pos + rng:int(0, 4)
-          o.window_size = { wl, o.window_size and o.window_size[2] or -1 }
-        end
-        if chance(rng, 0.1) then
-          local sl = {}
-          for h = 1, Hq do sl[h] = 0.25 * h end
-          o.alibi_slopes = pa.from_table(sl, { Hq }, "f32", dev)
-        end
-        -- the plain call where the levels would not give its results
-        local want = info0.groups == 0 and "no groups" or o.alibi_slopes and "alibi"
-          or (wl >= 0 and wl < info0.max_grouped_pos) and "window" or "used"
-        local appended = not form4 and chance(rng, 0.15) -- k/v appended first (append_kv), then attention
-        local rot = T > 0 and chance(rng, 0.4)
-        local rotdim = rot and 2 * rng:int(1, D / 2) or nil
-        local cos, sin
-        if rot then
-          cos, sin = rotary_tables(b.max_seqlen_k + 2, rotdim, dev)
-          o.rotary_cos, o.rotary_sin = cos, sin
-          if chance(rng, 0.5) then o.rotary_interleaved = false end
-        end
-        local qshape = form4 and { B, s_new, Hq, D } or { T, Hq, D }
-        local kshape = form4 and { B, s_new, Hk, D } or { T, Hk, D }
-        local q = pa.randn(qshape, dtype, dev, seed + 2)
-        local k, v = pa.randn(kshape, dtype, dev, seed + 3), pa.randn(kshape, dtype, dev, seed + 4)
-        local k0, v0 = cache.k_cache:clone(), cache.v_cache:clone()
-        local function run(fn)
-          if appended then
-            local ao = { rotary_cos = o.rotary_cos, rotary_sin = o.rotary_sin, rotary_interleaved = o.rotary_interleaved }
-            assert(b:append_kv(k, v, ao))
-            local oo = {}
-            for key, val in pairs(o) do oo[key] = val end
-            oo.rotary_cos, oo.rotary_sin, oo.rotary_interleaved = nil, nil, nil
-            return fn(nil, nil, oo)
-          end
-          return fn(k, v, o)
-        end
-        -- the cascade
-        local out1, lse1 = run(function(kk, vv, oo) return b:attention(q, kk, vv, oo) end)
-        assert(out1, lse1)
-        local info = b:cascade_info()
-        local what = string.format("case %d (seed %d, %s page %d H %d/%d D %d, %d entries, %s, info %d groups %d grouped)",
-          case, seed, dtype, ps, Hq, Hk, D, B, form4 and "with_kvcache" or "varlen", info.groups, info.grouped)
-        assert(info.last == want, what .. ": the call ran '" .. info.last .. "', expected '" .. want .. "'")
-        if info.last == "used" then used = used + 1 else reasons[info.last] = (reasons[info.last] or 0) + 1 end
-        local k1, v1 = cache.k_cache:to_table(), cache.v_cache:to_table()
-        -- the plain call on the same tables, from the same caches
-        cache.k_cache:copy_from(k0)
-        cache.v_cache:copy_from(v0)
-        local out2 = run(function(kk, vv, oo)
-          local po = { k = kk, v = vv, block_table = b.block_table, causal = oo.causal ~= false }
-          for key, val in pairs(oo) do if key ~= "causal" then po[key] = val end end
-          if form4 then
-            po.cache_seqlens = kk and b.cache_seqlens or b.seqused_k
-            return assert(pa.attention_with_kvcache(q, cache.k_cache, cache.v_cache, po))
-          end
-          po.cu_seqlens_q, po.seqused_k = b.cu_seqlens_q, b.seqused_k
-          return assert(pa.attention_varlen(q, cache.k_cache, cache.v_cache, po))
-        end)
-        assert(ref.max_abs_diff(k1, cache.k_cache:to_table()) == 0, what .. ": the caches differ from the plain call's")
-        assert(ref.max_abs_diff(v1, cache.v_cache:to_table()) == 0, what .. ": the caches differ from the plain call's")
-        -- the reference, from the caches before the step (after append_kv's append when it ran first)
-        local rk, rv
-        if appended then
-          rk, rv = to_ref(cache.k_cache), to_ref(cache.v_cache)
-        else
-          rk, rv = to_ref(k0), to_ref(v0)
-        end
-        local ro = { block_table = to_ref(b.block_table), causal = o.causal ~= false, softcap = o.softcap,
-          softmax_scale = o.softmax_scale, window_size = o.window_size,
-          alibi_slopes = o.alibi_slopes and to_ref(o.alibi_slopes) }
-        if not appended then
-          ro.k, ro.v = to_ref(k), to_ref(v)
-          if rot then
-            ro.rotary_cos, ro.rotary_sin, ro.rotary_interleaved = to_ref(cos), to_ref(sin), o.rotary_interleaved
-          end
-        end
-        local f = ref.attention_varlen
-        if form4 then
-          f = ref.attention_with_kvcache
-          ro.cache_seqlens = to_ref(appended and b.seqused_k or b.cache_seqlens)
-        else
-          ro.cu_seqlens_q, ro.seqused_k = to_ref(b.cu_seqlens_q), to_ref(b.seqused_k)
-        end
-        local rq = to_ref(q)
-        local exact, exact_lse = f(rq, ref.copy(rk), ref.copy(rv), ro)
-        ro.precision, ro.cache_dtype = dtype, dtype
-        local naive, naive_lse = f(rq, ref.copy(rk), ref.copy(rv), ro)
-        local tol = ref.tolerance(dtype, ref.max_abs_diff(naive.data, exact.data))
-        local err1 = ref.max_abs_diff(out1:to_table(), exact.data)
-        local err2 = ref.max_abs_diff(out2:to_table(), exact.data)
-        assert(err1 <= tol, string.format("%s: cascade err %g > tolerance %g (plain call: %g)\n  %s", what, err1, tol,
-          err2, H.rerun(SPEC)))
-        if lse1 then
-          local ltol = ref.tolerance("f32", ref.max_abs_diff(naive_lse.data, exact_lse.data))
-          local lerr = ref.max_abs_diff(lse1:to_table(), exact_lse.data)
-          assert(lerr <= ltol, string.format("%s: lse err %g > tolerance %g\n  %s", what, lerr, ltol, H.rerun(SPEC)))
-        end
-        cache:validate()
-        cache:close()
-      end
-      -- most cases must have run the two levels, or this spec proves little
-      assert(used >= cases * 0.4, string.format("only %d of %d cases ran the two levels (%s)", used, cases,
-        (function()
-          local parts = {}
-          for r, n in pairs(reasons) do parts[#parts + 1] = r .. " " .. n end
-          return table.concat(parts, ", ")
-        end)()))
+      cases.cascade_random(assert(pa.device(name)), name, H.scale(36), SPEC)
     end)
   end
 
   it("rotates q where the plain call does (each token's position when causal or windowed, else its entry's first)",
     function()
-    local dev = assert(pa.device("cpu:staged"))
-    for case, mode in ipairs { "causal", "none", "right", "causal", "none", "right" } do
-      local seed = H.seed("cascade-rotary", case)
-      local rng = ref.rng(seed)
-      local cache = assert(pa.kv_cache { num_pages = 128, page_size = 4, kv_heads = 2, head_dim = 16, device = dev })
-      local root = cache:sequence()
-      assert(root:append(13))
-      cache.k_cache:copy_from(pa.randn(cache.k_cache.shape, "f32", dev, seed))
-      cache.v_cache:copy_from(pa.randn(cache.v_cache.shape, "f32", dev, seed + 1))
-      local kids = { root:fork(), root:fork(), root:fork() }
-      local b = cache:batch { cascade = true }
-      b:clear():add(kids[1], 3):add(root, 1):add(kids[2], 4):add(kids[3], 2)
-      assert(b:stage())
-      local T = b.total_q
-      local cos, sin = rotary_tables(b.max_seqlen_k + 1, case > 3 and 8 or 16, dev)
-      local o = { rotary_cos = cos, rotary_sin = sin, rotary_interleaved = case % 2 == 0, return_softmax_lse = true,
-        causal = mode == "causal", window_size = mode == "right" and { -1, 1 } or nil }
-      local q = pa.randn({ T, 4, 16 }, "f32", dev, seed + 2)
-      local k, v = pa.randn({ T, 2, 16 }, "f32", dev, seed + 3), pa.randn({ T, 2, 16 }, "f32", dev, seed + 4)
-      local rk, rv = to_ref(cache.k_cache), to_ref(cache.v_cache)
-      local out, lse = assert(b:attention(q, k, v, o))
-      assert.equal("used", b:cascade_info().last)
-      assert.equal(3, b:cascade_info().calls) -- the append, the two levels
-      local exact, exact_lse = ref.attention_varlen(to_ref(q), rk, rv, { block_table = to_ref(b.block_table),
-        cu_seqlens_q = to_ref(b.cu_seqlens_q), seqused_k = to_ref(b.seqused_k), k = to_ref(k), v = to_ref(v),
-        rotary_cos = to_ref(cos), rotary_sin = to_ref(sin), rotary_interleaved = o.rotary_interleaved,
-        causal = o.causal, window_size = o.window_size })
-      local err, lerr = ref.max_abs_diff(out:to_table(), exact.data), ref.max_abs_diff(lse:to_table(), exact_lse.data)
-      assert(err <= 2e-5 and lerr <= 2e-5, string.format("%s (seed %d): err %g, lse err %g (%s)", mode, seed, err, lerr,
-        H.rerun(SPEC)))
-      cache:close()
-    end
+    cases.cascade_rotary(assert(pa.device("cpu:staged")), SPEC)
   end)
 
   it("changes nothing on a caller's mistake, and makes one plain call where the levels do not apply", function()

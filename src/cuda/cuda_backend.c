@@ -541,8 +541,8 @@ static const pa_backend_ops cuda_ops = {
     cuda_destroy,
     cuda_timing,
     cuda_timing_last,
-    NULL, /* merge: not yet */
-    NULL,
+    pa_cuda_merge,
+    pa_cuda_gather_rows,
 };
 
 static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_device *dev) {

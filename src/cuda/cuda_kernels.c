@@ -35,6 +35,7 @@ static const kkind kinds[] = {
     {"prefill", "prefill.cu", "pa_prefill_info", {"dtype", "D", "gt", "page", "stages", "natural", "minb", NULL}},
     {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", {"dtype", "D", "gt", "page", "stages", "natural", NULL}},
     {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", {"dtype", "D", "gt", "page", "stages", "natural", "tma", NULL}},
+    {"merge", "merge.cu", NULL, {"dtype", NULL}},
 };
 
 #define MAX_OPTS 16
@@ -106,7 +107,7 @@ static pa_status parse_variant(pa_context *ctx, const char *name, kvariant *out)
         if (strcmp(tok, kinds[i].kind) == 0) out->kind = &kinds[i];
     if (!out->kind)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
-                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, prefill_wgmma, prefill_ws)", name);
+                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, prefill_wgmma, prefill_ws, merge)", name);
     const char *vals[16] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {
         char *eq = strchr(tok, '=');
@@ -179,6 +180,9 @@ static const char *const catalog[] = {
     "append dtype=f32",
     "append dtype=f16",
     "append dtype=bf16",
+    "merge dtype=f32",
+    "merge dtype=f16",
+    "merge dtype=bf16",
     "fallback dtype=f32",
     "fallback dtype=f16",
     "fallback dtype=bf16",
