@@ -21,7 +21,8 @@ typedef pa_elem<PA_DTYPE> E;
  * before the sum and the result kept between the states' values, so it is
  * finite wherever they are (a sum of weights that rounds past 1 took
  * FLT_MAX to inf). Every lane reads what it writes (its elements; lane 0
- * the lse after the warp's shuffles), so out may be a state's o. The
+ * the lse after the warp's shuffles), so out may be a state's o where that
+ * state's row is the output row. The
  * parameters stay in the constant bank (__grid_constant__): a lane indexes
  * the states with its lane number. */
 extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_merge_states(const __grid_constant__ pa_merge_kparams p) {
@@ -31,6 +32,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_merge_states(const _
     for (i64 item = (i64)blockIdx.x * WARPS + (threadIdx.x >> 5); item < pairs; item += stride) {
         const i64 r = item / p.heads;
         const int h = (int)(item - r * p.heads);
+        const i64 ro = p.out_rows ? (i64)((const int *)p.out_rows)[r] : r; /* the output row */
         /* lane s: state s's row and lse */
         i64 row = -1;
         float lse = -PA_INF;
@@ -51,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_merge_states(const _
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const float ws = w * inv;
-        const i64 out_off = (r * p.heads + h) * (i64)p.head_dim;
+        const i64 out_off = (ro * p.heads + h) * (i64)p.head_dim;
         for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
             const int d = d0 + lane;
             float acc = 0.f, lo = PA_INF, hi = -PA_INF;
@@ -74,8 +76,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_merge_states(const _
         __syncwarp();
         if (lane == 0 && p.out_lse) {
             const float l = nan ? __int_as_float(0x7fc00000) : m == -PA_INF ? -PA_INF : m + logf(sum);
-            ((float *)p.out_lse)[r / p.out_lse_seq * p.heads * p.out_lse_seq + (i64)h * p.out_lse_seq +
-                                 r % p.out_lse_seq] = l;
+            ((float *)p.out_lse)[ro / p.out_lse_seq * p.heads * p.out_lse_seq + (i64)h * p.out_lse_seq +
+                                 ro % p.out_lse_seq] = l;
         }
     }
 }

@@ -157,9 +157,9 @@ typedef struct pa_append_params {
 } pa_append_params;
 
 /* merge.cu: attention states merged by their log-sum-exp (the core's
- * pa_merge_problem). Output row r, head h reads state s's row
- * rows[r] (rows 0: r; negative: empty there); its o at
- * (row * heads + h) * head_dim, its lse at
+ * pa_merge_problem). Item r, head h writes output row out_rows[r] (0: r)
+ * from state s's row rows[r] (rows 0: r; negative: empty there); o at
+ * (row * heads + h) * head_dim, lse at
  * (row / lse_seq) * heads * lse_seq + h * lse_seq + row % lse_seq. */
 #define PA_MERGE_STATES_MAX 32
 typedef struct pa_merge_kstate {
@@ -171,6 +171,7 @@ typedef struct pa_merge_kstate {
 typedef struct pa_merge_kparams {
     pa_merge_kstate states[PA_MERGE_STATES_MAX];
     pa_u64 out, out_lse; /* out_lse maybe 0 */
+    pa_u64 out_rows;     /* maybe 0: i32 [rows] */
     pa_i64 rows, out_lse_seq;
     pa_i32 num_states, heads, head_dim, pad;
 } pa_merge_kparams;

@@ -76,6 +76,19 @@ describe("shared prefixes (batch{cascade = true})", function()
     assert.same({ 3, 5, 10 }, ints(b.suffix_seqused_k))
     assert.same({ 2, 2, 10 }, ints(b.suffix_cache_seqlens))
     assert.equal(12, ci.max_grouped_pos) -- d's last new token
+    -- a chunk of more than 8 new tokens stays out of automatic groups (its
+    -- attention is not bound by the keys it reads); given groups take it
+    local a2, d2 = root:fork(), root:fork()
+    b:clear():add(a2, 9):add(d2, 1):add(a, 1)
+    assert(b:stage())
+    assert.equal(2, b:cascade_info().grouped)
+    local row_of = ints(b.prefix_row_of) -- a2's rows 0-8, d2's 9, a's 10
+    assert.same({ -1, 0, 1 }, { row_of[1], row_of[10], row_of[11] })
+    b:unstage()
+    b:clear():add(a2, 9, 0):add(d2, 1, 0):add(a, 1, 0)
+    assert(b:stage())
+    assert.equal(3, b:cascade_info().grouped)
+    b:unstage()
     -- a sequence that shares nothing, and a lone one: no groups
     local f = c:sequence()
     assert(f:append(9))

@@ -101,6 +101,15 @@ static int32_t shared_depth(const pa_batch *b, const int32_t *m, int32_t a, int3
     return d < d0 ? d0 : d;
 }
 
+/* Automatic groups take entries of at most this many new tokens: decodes
+ * and short chunks, whose attention is bound by the keys it reads (the
+ * CUDA decode kernels' queries). A longer chunk reads its keys once per tile
+ * of many queries anyway, so a shared level saves it little and costs a
+ * copy and a merge of all its rows: the Mooncake sample on the CPU
+ * (docs/cascade.md) spent 4.8-4.9% more time in attention than the plain
+ * call with chunks in the groups, 1.6-2.5% with this limit. */
+#define AUTO_MAX_NEW 8
+
 /* Automatic groups: the trie of the candidates' page lists, built by
  * splitting sets of members on the page where they part, and a pass over it
  * that decides, bottom up, whether each subtree keeps its own groups or
@@ -116,7 +125,8 @@ static int32_t plan_auto(pa_batch *b, int32_t n) {
         cp->leaf_node[i] = -1;
         cp->group[i] = -1;
         cp->prefix[i] = 0;
-        if (b->entries[i].num_new > 0 && full_pages(pool, &b->entries[i]) >= 1) m[nm++] = i;
+        if (b->entries[i].num_new > 0 && b->entries[i].num_new <= AUTO_MAX_NEW && full_pages(pool, &b->entries[i]) >= 1)
+            m[nm++] = i;
     }
     if (nm < 2) return 0;
 
@@ -577,7 +587,9 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
         ci->last_calls++;
     }
 
-    /* merged in place into out (and lse) */
+    /* the shared level's rows merged in place into out (and lse); the
+     * other rows are the suffix level's as they stand */
+    const int32_t *shared_rows = field(b, PA_BATCH_PREFIX_ROWS)->data;
     pa_merge_problem mp;
     memset(&mp, 0, sizeof mp);
     mp.dev = dev;
@@ -585,14 +597,15 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     mp.num_states = 2;
     mp.heads = (int32_t)H;
     mp.head_dim = (int32_t)D;
-    mp.rows = T;
+    mp.rows = S;
+    mp.out_rows = shared_rows;
     mp.states[0].o = p->out->data;
     mp.states[0].lse = p->softmax_lse ? p->softmax_lse->data : lse_u.data;
     mp.states[0].lse_seq = lse_seq;
+    mp.states[0].rows = shared_rows;
     mp.states[1].o = o_sh.data;
     mp.states[1].lse = lse_sh.data;
     mp.states[1].lse_seq = S;
-    mp.states[1].rows = field(b, PA_BATCH_PREFIX_ROW_OF)->data;
     mp.out = p->out->data;
     mp.out_lse = p->softmax_lse ? p->softmax_lse->data : NULL;
     mp.out_lse_seq = lse_seq;

@@ -219,13 +219,15 @@ struct pa_attn_problem {
 };
 
 /* ---- merging attention states (merge.c) ------------------------------------
- * Output row r (a query token), head h: from each state s its row
- * rows_s[r] (rows_s NULL: r; negative: the state is empty there), whose o
- * is at offset (row * heads + h) * head_dim and lse at
+ * Item r of `rows` (a query token), head h: output row out_rows[r]
+ * (out_rows NULL: r); from each state s its row rows_s[r] (rows_s NULL: r;
+ * negative: the state is empty there), whose o is at offset
+ * (row * heads + h) * head_dim and lse at
  *   (row / lse_seq) * heads * lse_seq + h * lse_seq + row % lse_seq
- * (lse_seq = T for [H, T], Sq for [B, H, Sq]). out may be the o of a state
- * without rows (and out_lse its lse): each (row, head) reads every state
- * before it writes. Pointers are the device's. */
+ * (lse_seq = T for [H, T], Sq for [B, H, Sq]); out and out_lse alike. out
+ * may be the o of a state whose row is the output row (and out_lse its
+ * lse): each (row, head) reads every state before it writes. Pointers are
+ * the device's. */
 #define PA_MERGE_MAX_STATES 32 /* pa_merge_states' num_states (pagedattn.h) */
 
 typedef struct pa_merge_state {
@@ -242,6 +244,7 @@ struct pa_merge_problem {
     int32_t heads, head_dim;
     int64_t rows;
     pa_merge_state states[PA_MERGE_MAX_STATES];
+    const int32_t *out_rows; /* maybe */
     void *out;
     float *out_lse; /* maybe */
     int64_t out_lse_seq;

@@ -52,6 +52,7 @@ static void merge_item(void *arg, int64_t item, int thread) {
     const int H = p->heads, D = p->head_dim, S = p->num_states;
     const int64_t r0 = item * MERGE_ROWS, r1 = r0 + MERGE_ROWS < p->rows ? r0 + MERGE_ROWS : p->rows;
     for (int64_t r = r0; r < r1; r++) {
+        const int64_t ro = p->out_rows ? p->out_rows[r] : r;
         int64_t row[PA_MERGE_MAX_STATES];
         for (int s = 0; s < S; s++) row[s] = p->states[s].rows ? p->states[s].rows[r] : r;
         for (int h = 0; h < H; h++) {
@@ -104,9 +105,9 @@ static void merge_item(void *arg, int64_t item, int thread) {
                 }
                 out_lse = mx + logf(sum);
             }
-            store_row(p->out, p->dtype, (r * H + h) * (int64_t)D, acc, D);
+            store_row(p->out, p->dtype, (ro * H + h) * (int64_t)D, acc, D);
             if (p->out_lse)
-                p->out_lse[r / p->out_lse_seq * H * p->out_lse_seq + (int64_t)h * p->out_lse_seq + r % p->out_lse_seq] =
+                p->out_lse[ro / p->out_lse_seq * H * p->out_lse_seq + (int64_t)h * p->out_lse_seq + ro % p->out_lse_seq] =
                     out_lse;
         }
     }
@@ -117,34 +118,56 @@ pa_status pa_cpu_merge(pa_threadpool *pool, const pa_merge_problem *p) {
     return PA_OK;
 }
 
+/* pa_f64_to_f32_odd (internal.h) without the libm call: toward zero by one
+ * step of the bit pattern where rounding went away from zero (nextafterf
+ * took ~20 ns a call, most of the time of rotating q). */
+static inline float f32_odd(double x) {
+    float f = (float)x;
+    if (!isfinite(f) || (double)f == x) return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (fabs((double)f) > fabs(x)) u -= 1; /* (f != 0 here: |f| > |x| > 0) */
+    u |= 1u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static void gather_item(void *arg, int64_t item, int thread) {
     (void)thread;
     const pa_rows_problem *p = arg;
-    const int H = p->heads, D = p->head_dim;
+    const int H = p->heads, D = p->head_dim, half = p->rotary_dim / 2;
     const size_t es = pa_dtype_size(p->dtype), row_bytes = (size_t)H * (size_t)D * es;
     const int64_t r0 = item * GATHER_ROWS, r1 = r0 + GATHER_ROWS < p->rows ? r0 + GATHER_ROWS : p->rows;
+    float x[PA_MAX_HEAD_DIM], y[PA_MAX_HEAD_DIM];
+    double c[PA_MAX_HEAD_DIM / 2], sn[PA_MAX_HEAD_DIM / 2];
     for (int64_t r = r0; r < r1; r++) {
         const int64_t s = p->row_map ? p->row_map[r] : r;
         if (!p->rotary_cos) {
             memcpy((char *)p->dst + r * (int64_t)row_bytes, (const char *)p->src + s * (int64_t)row_bytes, row_bytes);
             continue;
         }
+        /* the row's position: its cos and sin once, then every head */
         const int64_t pos = p->pos[p->pos_index ? p->pos_index[s] : s];
-        const int half = p->rotary_dim / 2;
+        for (int j = 0; j < half; j++) {
+            c[j] = pa_load_f64(p->rotary_cos, p->rotary_dtype, pos * half + j);
+            sn[j] = pa_load_f64(p->rotary_sin, p->rotary_dtype, pos * half + j);
+        }
         for (int h = 0; h < H; h++) {
-            double x[PA_MAX_HEAD_DIM];
-            const int64_t so = (s * H + h) * (int64_t)D, dof = (r * H + h) * (int64_t)D;
-            for (int d = 0; d < D; d++) x[d] = pa_load_f64(p->src, p->dtype, so + d);
+            load_row(x, p->src, p->dtype, (s * H + h) * (int64_t)D, D);
+            memcpy(y, x, (size_t)D * sizeof(float));
+            /* in double, rounded once to the dtype: to f32 by rounding to
+             * odd, which store_row's rounding to f16 / bf16 then makes the
+             * correctly rounded result (as pa_store_f64) */
+            const bool odd = p->dtype != PA_F32;
             for (int j = 0; j < half; j++) {
-                const double c = pa_load_f64(p->rotary_cos, p->rotary_dtype, pos * half + j);
-                const double sn = pa_load_f64(p->rotary_sin, p->rotary_dtype, pos * half + j);
                 const int i0 = p->rotary_interleaved ? 2 * j : j;
                 const int i1 = p->rotary_interleaved ? 2 * j + 1 : j + half;
                 const double x0 = x[i0], x1 = x[i1];
-                x[i0] = x0 * c - x1 * sn;
-                x[i1] = x0 * sn + x1 * c;
+                const double v0 = x0 * c[j] - x1 * sn[j], v1 = x0 * sn[j] + x1 * c[j];
+                y[i0] = odd ? f32_odd(v0) : (float)v0;
+                y[i1] = odd ? f32_odd(v1) : (float)v1;
             }
-            for (int d = 0; d < D; d++) pa_store_f64(p->dst, p->dtype, dof + d, x[d]);
+            store_row(p->dst, p->dtype, (r * H + h) * (int64_t)D, y, D);
         }
     }
 }

@@ -6,7 +6,7 @@
 #include "cuda_internal.h"
 
 _Static_assert(sizeof(pa_merge_kstate) == 32, "pa_merge_kstate layout");
-_Static_assert(sizeof(pa_merge_kparams) == 32 * PA_MERGE_STATES_MAX + 48, "pa_merge_kparams layout");
+_Static_assert(sizeof(pa_merge_kparams) == 32 * PA_MERGE_STATES_MAX + 56, "pa_merge_kparams layout");
 _Static_assert(sizeof(pa_rows_kparams) == 88, "pa_rows_kparams layout");
 _Static_assert(PA_MERGE_STATES_MAX == PA_MERGE_MAX_STATES, "the core's and the kernel's state limits");
 
@@ -60,6 +60,7 @@ pa_status pa_cuda_merge(pa_context *ctx, const pa_merge_problem *p) {
     }
     k.out = (pa_u64)(uintptr_t)p->out;
     k.out_lse = (pa_u64)(uintptr_t)p->out_lse;
+    k.out_rows = (pa_u64)(uintptr_t)p->out_rows;
     k.rows = p->rows;
     k.out_lse_seq = p->out_lse_seq;
     k.num_states = p->num_states;
