@@ -487,10 +487,12 @@ pa_status pa_batch_stage_groups(pa_context *ctx, pa_batch *batch, int32_t n, con
                                 const int32_t *num_new, const int32_t *groups, pa_batch_info *info);
 void pa_batch_get_cascade(const pa_batch *batch, pa_batch_cascade_info *out);
 /* One attention over the last stage: p as for attention_varlen (q
- * [total_q, H, D]) or attention_with_kvcache (q [B, Sq, H, D], every entry
- * with Sq new tokens), without the index tensors (block_table,
- * cache_seqlens, cu_seqlens_q, seqused_k, the CSR form): the batch sets
- * them. k and v, when given, are appended first. A caller's mistake changes
+ * [total_q, H, D]) or attention_with_kvcache (q [B, Sq, H, D]; with k
+ * [B, S_new, Hk, D] every entry must have staged S_new new tokens), without
+ * the index tensors (block_table, cache_seqlens, cu_seqlens_q, seqused_k,
+ * max_seqlen_q, the CSR form): the batch sets them. k and v, when given, are
+ * appended first. Two levels where the batch staged groups and the call
+ * allows them (above), else the plain call. A caller's mistake changes
  * nothing. */
 pa_status pa_batch_attention(pa_context *ctx, pa_batch *batch, const pa_attention_params *p);
 

@@ -239,7 +239,9 @@ static int32_t plan_auto(pa_batch *b, int32_t n) {
     return groups;
 }
 
-static const int32_t *sort_labels;
+/* the labels qsort's comparator sorts by (per thread: threads stage their
+ * own pools' batches at the same time) */
+static _Thread_local const int32_t *sort_labels;
 static int cmp_by_label(const void *x, const void *y) {
     const int32_t i = *(const int32_t *)x, j = *(const int32_t *)y;
     if (sort_labels[i] != sort_labels[j]) return sort_labels[i] < sort_labels[j] ? -1 : 1;
@@ -259,7 +261,7 @@ static int32_t plan_labels(pa_batch *b, int32_t n, const int32_t *labels) {
         cp->leaf_node[i] = -1; /* (a first entry's) group */
         if (labels[i] >= 0 && b->entries[i].num_new > 0 && full_pages(b->pool, &b->entries[i]) >= 1) m[nm++] = i;
     }
-    sort_labels = labels; /* (a pool and its batches belong to one thread) */
+    sort_labels = labels;
     qsort(m, (size_t)nm, sizeof *m, cmp_by_label);
     sort_labels = NULL;
     for (int32_t a = 0; a < nm;) {
