@@ -438,7 +438,6 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     const bool varlen = q->ndim == 3;
     pa_attention_params pp;
     TRY(plain_params(ctx, b, p, varlen, &pp));
-    TRY(pa_attention_check(ctx, &pp, varlen)); /* every mistake of the caller's, before anything is written */
 
     pa_batch_cascade_info *ci = &b->cascade_info;
     const int32_t T = b->info.total_q, n = b->info.batch;
@@ -449,11 +448,14 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     else if (p->alibi_slopes) fb = PA_CASCADE_ALIBI;
     else if (p->window_left >= 0 && p->window_left < ci->max_grouped_pos) fb = PA_CASCADE_WINDOW;
     else if (!varlen && (q->shape[1] * (int64_t)n != T || b->info.max_seqlen_q != q->shape[1])) fb = PA_CASCADE_ROWS;
-    ci->last_fallback = fb;
-    if (fb != PA_CASCADE_USED) {
+    if (fb != PA_CASCADE_USED) { /* (which checks everything before it writes anything) */
+        ci->last_fallback = fb;
         ci->last_calls = 1;
         return varlen ? pa_attention_varlen(ctx, &pp) : pa_attention_with_kvcache(ctx, &pp);
     }
+    /* every mistake of the caller's, before the first of several calls writes anything */
+    TRY(pa_attention_check(ctx, &pp, varlen));
+    ci->last_fallback = fb;
 
     /* the two levels */
     pa_device *dev = q->dev;
