@@ -821,4 +821,78 @@ function ref.attention_varlen(q, k_cache, v_cache, opts)
   return out, lse
 end
 
+-- out, lse = ref.merge_states(states, opts): partial attention results over
+-- disjoint key sets merged by their log-sum-exp. states: a list of
+-- {o, lse} pairs of reference tensors, all o [T, H, D] with lse [H, T], or
+-- all o [B, Sq, H, D] with lse [B, H, Sq]. For each row and head, with
+-- m = max lse_s: out = sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m),
+-- lse = m + log(sum_s exp(lse_s - m)); a state with lse -inf counts for
+-- nothing (its o is not read), and when all are -inf out is 0 and lse -inf.
+-- opts.precision ("f64" default, "f32", "f16", "bf16"): a naive merge in f32
+-- whose result is rounded to that dtype (the tolerance rule's baseline).
+function ref.merge_states(states, opts)
+  opts = opts or {}
+  assert(type(states) == "table" and #states >= 1, "reference.merge_states: a list of {o, lse} pairs expected")
+  local R = opts.precision and opts.precision ~= "f64" and rounder(opts.precision, "opts.precision") or nil
+  local F = R and ROUNDERS.f32 or identity
+  local o1 = states[1][1]
+  local os = check_tensor(o1, #o1.shape, "states[1][1]")
+  local rank = #os
+  assert(rank == 3 or rank == 4, "reference.merge_states: o must be [T, H, D] or [B, Sq, H, D]")
+  local H, D = os[rank - 1], os[rank]
+  local nb, seq = rank == 3 and 1 or os[1], rank == 3 and os[1] or os[2]
+  local n = #states
+  for s = 1, n do
+    local o, l = states[s][1], states[s][2]
+    local sh = check_tensor(o, rank, format("states[%d][1]", s))
+    for i = 1, rank do
+      assert(sh[i] == os[i], format("reference.merge_states: states[%d][1] is %s, states[1][1] %s", s,
+        shape_str(sh), shape_str(os)))
+    end
+    local want = rank == 3 and { H, seq } or { nb, H, seq }
+    local ls = check_tensor(l, #want, format("states[%d][2]", s))
+    for i = 1, #want do
+      assert(ls[i] == want[i], format("reference.merge_states: states[%d][2] is %s, expected %s", s,
+        shape_str(ls), shape_str(want)))
+    end
+  end
+  local out = ref.tensor(os)
+  local lse = ref.tensor(rank == 3 and { H, seq } or { nb, H, seq })
+  local od, ld = out.data, lse.data
+  local w = {}
+  for bi = 0, nb - 1 do
+    for i = 0, seq - 1 do
+      for h = 0, H - 1 do
+        local li = bi * H * seq + h * seq + i + 1  -- lse element
+        local oo = ((bi * seq + i) * H + h) * D     -- o row offset
+        local m = -huge
+        for s = 1, n do
+          local v = states[s][2].data[li]
+          if v > m then m = v end
+        end
+        if m == -huge then
+          for d = 1, D do od[oo + d] = 0 end
+          ld[li] = -huge
+        else
+          local sum = 0
+          for s = 1, n do
+            local v = states[s][2].data[li]
+            w[s] = v == -huge and 0 or F(exp(F(v - m)))
+            sum = F(sum + w[s])
+          end
+          for d = 1, D do
+            local acc = 0
+            for s = 1, n do
+              if w[s] ~= 0 then acc = F(acc + F(F(w[s] / sum) * states[s][1].data[oo + d])) end
+            end
+            od[oo + d] = R and R(acc) or acc
+          end
+          ld[li] = F(m + F(log(sum)))
+        end
+      end
+    end
+  end
+  return out, lse
+end
+
 return ref
