@@ -93,8 +93,14 @@ describe("#gpu CUDA device", function()
     local function draw(seed) return assert(pa.randn({ 257 }, "f32", dev, seed)):to_table() end
     local before = draw(11)
     local other
+    -- the copy's first use compiles: the device counts it as setup time (a
+    -- timer subtracts it), and a kernel already loaded adds nothing
+    local s0 = dev:setup_seconds()
     dev:with_tuning({ kernel_dir = dir }, function() other = draw(11) end)
+    local s1 = dev:setup_seconds()
+    assert(s1 - s0 > 0.01, "a run-time compile took " .. (s1 - s0) .. " s of setup")
     local after = draw(11)
+    assert.equal(s1, dev:setup_seconds())
     os.execute("rm -rf '" .. dir .. "'")
     assert.same(before, after)    -- the embedded sources' module again
     assert.same(draw(12), other)  -- the copy's module, not the one already loaded

@@ -118,6 +118,7 @@ describe("serve runs", function()
     assert.are.equal(30, #res.records)
     assert.is_true(res.summary.run.steps > 30)
     assert.is_nil(res.report.check)
+    assert.are.equal(0, res.summary.run.kernel_setup_s) -- (the CPU has no kernels to make ready)
   end)
 
   local small = { device = "cpu", check = true, page_size = 4, pages = 80, budget = 48, max_batch = 12,

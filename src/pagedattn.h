@@ -97,6 +97,11 @@ const char *pa_device_name(const pa_device *dev);        /* "cpu", "cuda:0" */
 const char *pa_device_description(const pa_device *dev); /* model, cores/SMs */
 int pa_device_num_threads(const pa_device *dev);         /* CPU worker count */
 pa_status pa_device_synchronize(pa_context *ctx, pa_device *dev);
+/* Seconds this device has spent making kernels ready in calls so far: run-time
+ * compiles, reads of the kernel cache, module loads (0 on the CPU). These are
+ * one-time costs inside the first call that uses a kernel; a timer around
+ * calls subtracts the change to time the work alone. */
+double pa_device_setup_seconds(const pa_device *dev);
 
 /* ---- tensors ---- */
 

@@ -55,6 +55,11 @@ function M.device(name)
   return dev
 end
 
+-- Seconds this device has spent making kernels ready so far (run-time
+-- compiles, the kernel cache, module loads; 0 on the CPU): subtract the
+-- change from a timer around a call to time the work alone.
+function Device:setup_seconds() return C.pa_device_setup_seconds(self.handle) end
+
 function Device:synchronize()
   local ok, err = check(C.pa_device_synchronize(ctx, self.handle), "synchronize")
   if not ok then raise(err) end

@@ -97,6 +97,7 @@ int pa_device_index(const pa_device *dev) { return dev->index; }
 const char *pa_device_name(const pa_device *dev) { return dev->name; }
 const char *pa_device_description(const pa_device *dev) { return dev->description; }
 int pa_device_num_threads(const pa_device *dev) { return dev->num_threads; }
+double pa_device_setup_seconds(const pa_device *dev) { return 1e-9 * (double)atomic_load(&dev->setup_ns); }
 
 pa_status pa_device_synchronize(pa_context *ctx, pa_device *dev) {
     if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: NULL");

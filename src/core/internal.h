@@ -118,6 +118,7 @@ struct pa_device {
     const pa_backend_ops *ops;
     void *impl;
     int backend; /* its entry in pa_backends (set by the registry) */
+    atomic_llong setup_ns; /* pa_device_setup_seconds: backends add to it */
 };
 
 void pa_device_retain(pa_device *dev);

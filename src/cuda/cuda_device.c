@@ -321,6 +321,7 @@ static pa_status cuda_device_create(pa_context *ctx, int index, pa_device **out)
     dev->num_threads = 0;
     dev->ops = &cuda_ops;
     dev->impl = impl;
+    impl->setup_ns = &dev->setup_ns;
     pa_status st = device_setup(ctx, impl, index, dev);
     if (st) {
         cuda_destroy(dev);

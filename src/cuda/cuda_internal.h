@@ -101,6 +101,7 @@ typedef struct cuda_impl {
     pa_cuda_tuning tuning;      /* what the planner and the kernel cache follow */
     pa_cuda_tuning tuning_open; /* the tuning the device opened with */
     pa_kmodule *modules;
+    atomic_llong *setup_ns; /* the device's pa_device_setup_seconds counter */
     /* per-call scratch on the device, grown on demand */
     CUdeviceptr scratch;
     size_t scratch_bytes;

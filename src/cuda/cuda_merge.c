@@ -37,7 +37,7 @@ static pa_status launch(pa_context *ctx, pa_device *dev, pa_dtype dt, const char
         if (st == PA_OK) {
             const int64_t items = strcmp(entry, "pa_merge_states") == 0
                                       ? ((pa_merge_kparams *)params)->rows * ((pa_merge_kparams *)params)->heads
-                                      : ((pa_rows_kparams *)params)->rows;
+                                      : ((pa_rows_kparams *)params)->rows * ((pa_rows_kparams *)params)->heads;
             void *args[] = {params};
             CUresult r = pa_cu.cuLaunchKernel(fn, grid_of(impl, items), 1, 1, WARPS * 32, 1, 1, 0, impl->stream, args,
                                               NULL);

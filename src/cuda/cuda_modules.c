@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+static pa_status load_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out);
+
 pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out) {
     const char *srcdir = impl->tuning.kernel_dir, *options = impl->tuning.nvrtc_options;
     for (pa_kmodule *m = impl->modules; m; m = m->next) {
@@ -20,6 +22,15 @@ pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, 
     }
     if (strlen(variant) >= sizeof impl->modules->name)
         return pa_fail(ctx, PA_ERR_INTERNAL, "kernel variant name too long: %s", variant);
+    const double t0 = pa_clock_seconds();
+    pa_status st = load_module(ctx, impl, variant, out);
+    atomic_fetch_add(impl->setup_ns, (long long)(1e9 * (pa_clock_seconds() - t0)));
+    return st;
+}
+
+/* a module not loaded yet: its image from the disk cache or NVRTC, loaded */
+static pa_status load_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out) {
+    const char *srcdir = impl->tuning.kernel_dir, *options = impl->tuning.nvrtc_options;
     pa_variant v;
     pa_status st = pa_variant_parse(ctx, variant, &v);
     if (st) return st;

@@ -209,9 +209,10 @@ local function print_report(res, o)
     return string.format("%.1f ms", v)
   end
   print(string.format("serve: done: %d requests in %d steps; %.2f s of %s busy time (%.1f steps/s), " ..
-    "%.2f s wall (%.1f steps/s; %.2f s in attention)", s.requests, run.steps, run.modelled_s,
-    steps_clock and "steps-clock" or "modelled", run.steps / math.max(run.modelled_s, 1e-12), run.wall_s,
-    run.steps / math.max(run.wall_s, 1e-12), r.attn_wall_s))
+    "%.2f s wall (%.1f steps/s; %.2f s in attention, %.2f s of it making kernels ready: not timed)",
+    s.requests, run.steps, run.modelled_s, steps_clock and "steps-clock" or "modelled",
+    run.steps / math.max(run.modelled_s, 1e-12), run.wall_s, run.steps / math.max(run.wall_s, 1e-12), r.attn_wall_s,
+    run.kernel_setup_s))
   local tp = s.throughput
   print(string.format("  throughput   %.2f requests/s, %.0f output tokens/s (%d prefill tokens, of which %d recomputed; %d decode)",
     tp.requests_per_s or 0, tp.output_tokens_per_s or 0, run.prefill_tokens, run.recomputed_tokens, run.decode_tokens))
