@@ -19,6 +19,11 @@
 -- * precision emulation rounds softcap the way PyTorch would: after s / cap,
 --   after tanh, after * cap. Cache values that were already there are read as
 --   given (callers pass values that are representable in their dtype).
+-- * fp8 caches ("fp8_e4m3", "fp8_e5m2" as cache_dtype) hold x / scale
+--   (k_scale, v_scale: one number, or one per kv head); attention reads
+--   cache * scale, exactly here, and in the precision emulation as PyTorch
+--   would dequantize (cache * scale rounded to the precision). Rounding into
+--   fp8 saturates at the largest finite value, as the library does.
 -- * precision emulation accumulates q.k and p v in f32, rounding after each
 --   multiply-add in key (and dimension) order, as PyTorch's matrix products
 --   accumulate in f32 for f32, f16 and bf16 inputs: the naive computation's
@@ -27,6 +32,9 @@
 --   >= the cache capacity into -1, which can change where q is rotated.
 -- * opts.out, opts.num_splits, opts.return_softmax_lse, opts.max_seqlen_q are
 --   ignored; lse is always returned.
+-- * opts.write_cache = false: the new k/v are not written (the caches hold
+--   them already, e.g. a device's append read back); q is rotated as with
+--   the append.
 
 local ref = {}
 
@@ -147,16 +155,70 @@ do
   end
 end
 
+-- fp8 (e4m3fn: no infinities, NaN = S.1111.111; e5m2: IEEE-like): rounded
+-- to nearest even and saturated at the largest finite value, infinities
+-- too, as pagedattn writes them (NaN stays NaN).
+local FP8 = {
+  fp8_e4m3 = { p = 4, emin = -6, bias = 7, max = 448 },
+  fp8_e5m2 = { p = 3, emin = -14, bias = 15, max = 57344 },
+}
+for name, f in pairs(FP8) do
+  local p, emin, maxv = f.p, f.emin, f.max
+  ROUNDERS[name] = function(x)
+    if x ~= x then return x end
+    if x >= maxv then return maxv end
+    if x <= -maxv then return -maxv end
+    return round_fmt(x, p, emin, maxv)
+  end
+end
+
 local function rounder(dtype, what)
   local r = ROUNDERS[dtype or "f64"]
   if not r then
-    error(format("reference: %s must be one of \"f64\", \"f32\", \"f16\", \"bf16\", got %s",
-      what or "dtype", tostring(dtype)), 3)
+    error(format("reference: %s must be one of \"f64\", \"f32\", \"f16\", \"bf16\", " ..
+      "\"fp8_e4m3\", \"fp8_e5m2\", got %s", what or "dtype", tostring(dtype)), 3)
   end
   return r
 end
 
--- ref.round(x, dtype): x rounded to dtype ("f64", "f32", "f16", "bf16").
+-- ref.fp8_decode(byte, dtype): the value of an fp8 byte (0..255), written
+-- from the formats' definitions, apart from the library's decoders.
+function ref.fp8_decode(byte, dtype)
+  local f = FP8[dtype]
+  assert(f, "reference.fp8_decode: dtype must be \"fp8_e4m3\" or \"fp8_e5m2\"")
+  assert(is_int(byte) and byte >= 0 and byte <= 255, "reference.fp8_decode: byte must be in [0, 255]")
+  local m = f.p - 1
+  local sign = byte >= 128 and -1 or 1
+  local b = byte % 128
+  local e, man = floor(b / 2 ^ m), b % 2 ^ m
+  local emax_field = 2 ^ (7 - m) - 1
+  if dtype == "fp8_e4m3" and b == 127 then return 0 / 0 end
+  if dtype == "fp8_e5m2" and e == emax_field then
+    if man == 0 then return sign * huge end
+    return 0 / 0
+  end
+  if e == 0 then return sign * man * 2 ^ (f.emin - m) end
+  return sign * (1 + man / 2 ^ m) * 2 ^ (e - f.bias)
+end
+
+-- ref.fp8_encode(x, dtype): the byte that x rounds to (saturating).
+function ref.fp8_encode(x, dtype)
+  local f = FP8[dtype]
+  assert(f, "reference.fp8_encode: dtype must be \"fp8_e4m3\" or \"fp8_e5m2\"")
+  local m = f.p - 1
+  local y = ROUNDERS[dtype](x)
+  if y ~= y then return 127 end
+  local sign = (y < 0 or (y == 0 and 1 / y < 0)) and 128 or 0
+  local a = abs(y)
+  if a == 0 then return sign end
+  local _, e = frexp(a)
+  local E = e - 1
+  if E < f.emin then return sign + a / 2 ^ (f.emin - m) end
+  return sign + (E + f.bias) * 2 ^ m + (a / 2 ^ E - 1) * 2 ^ m
+end
+
+-- ref.round(x, dtype): x rounded to dtype ("f64", "f32", "f16", "bf16",
+-- "fp8_e4m3", "fp8_e5m2").
 function ref.round(x, dtype)
   return rounder(dtype, "dtype")(x)
 end
@@ -415,6 +477,47 @@ local function int_array(x, n, name)
   return d
 end
 
+-- A cache's scale: nil (1), a number, or one per kv head (a reference
+-- tensor [Hk] or a plain array); returns Hk scales, or nil when all are 1.
+local function parse_scale(x, Hk, name)
+  if x == nil then return nil end
+  local d = x
+  if type(x) == "number" then
+    d = {}
+    for i = 1, Hk do d[i] = x end
+  elseif type(x) == "table" and x.data then
+    d = x.data
+  end
+  if type(d) ~= "table" or #d ~= Hk then
+    error(format("reference: %s must be a number or %d numbers (one per kv head)", name, Hk), 4)
+  end
+  local ones = true
+  for i = 1, Hk do
+    local v = d[i]
+    if not (type(v) == "number" and v > 0 and v < huge) then
+      error(format("reference: %s[%d] = %s is not a positive finite number", name, i - 1, tostring(v)), 4)
+    end
+    if v ~= 1 then ones = false end
+  end
+  if ones then return nil end
+  local out = {}
+  for i = 1, Hk do out[i] = d[i] end
+  return out
+end
+
+-- The cache as attention reads it: every element times its kv head's scale
+-- (rounded by R, the naive precision, when given); d itself without scales.
+local function dequantize(d, scales, Hk, D, R)
+  if not scales then return d end
+  local out = {}
+  for i = 1, #d do
+    local x = d[i] * scales[floor((i - 1) / D) % Hk + 1]
+    if R then x = R(x) end
+    out[i] = x
+  end
+  return out
+end
+
 -- Options shared by both entry points.
 local function parse_common(opts, B, H, Hk, D)
   local c = {}
@@ -454,10 +557,14 @@ local function parse_common(opts, B, H, Hk, D)
     c.alibi = a.data
   end
   if opts.precision ~= nil and opts.precision ~= "f64" then
+    assert(not FP8[opts.precision], "reference: precision must be f64, f32, f16 or bf16 (the cache's dtype is cache_dtype)")
     c.R = rounder(opts.precision, "precision")
     c.A = ROUNDERS.f32 -- the accumulator of the naive matrix products
   end
   c.store = rounder(opts.cache_dtype, "cache_dtype")
+  c.k_scale = parse_scale(opts.k_scale, Hk, "k_scale")
+  c.v_scale = parse_scale(opts.v_scale, Hk, "v_scale")
+  c.write_cache = opts.write_cache ~= false
   if opts.rotary_cos ~= nil or opts.rotary_sin ~= nil then
     check_rotary_tables(opts.rotary_cos, opts.rotary_sin)
     local rhalf = opts.rotary_cos.shape[2]
@@ -548,6 +655,7 @@ end
 -- dtype.
 local function append_seq(c, kd, vd, knew, vnew, new_off, n_new, pos0, offs, Hk, D, tmp)
   local store = c.store
+  local ks, vs = c.k_scale, c.v_scale
   for i = 0, n_new - 1 do
     local p = pos0 + i
     local dst = offs[p + 1]
@@ -558,11 +666,21 @@ local function append_seq(c, kd, vd, knew, vnew, new_off, n_new, pos0, offs, Hk,
         assert(p < c.seqlen_ro, format(
           "reference: rotary position %d outside rotary_cos rows [0, %d)", p, c.seqlen_ro))
         rotate_into(knew, so, tmp, 0, D, c.rhalf, c.cosd, c.sind, p * c.rhalf, c.interleaved)
-        for d = 1, D do kd[o + d] = store(tmp[d]) end
       else
-        for d = 1, D do kd[o + d] = store(knew[so + d]) end
+        for d = 1, D do tmp[d] = knew[so + d] end
       end
-      for d = 1, D do vd[o + d] = store(vnew[so + d]) end
+      if ks then
+        local s = ks[hk + 1]
+        for d = 1, D do kd[o + d] = store(tmp[d] / s) end
+      else
+        for d = 1, D do kd[o + d] = store(tmp[d]) end
+      end
+      if vs then
+        local s = vs[hk + 1]
+        for d = 1, D do vd[o + d] = store(vnew[so + d] / s) end
+      else
+        for d = 1, D do vd[o + d] = store(vnew[so + d]) end
+      end
     end
   end
 end
@@ -740,7 +858,7 @@ function ref.attention_with_kvcache(q, k_cache, v_cache, opts)
 
   -- appends first (all of them), then attention: a sequence reading a page that
   -- another sequence appends to sees the appended values.
-  if has_new then
+  if has_new and c.write_cache then
     for b = 0, B - 1 do
       local s = seqs[b + 1]
       append_seq(c, kd, vd, opts.k.data, opts.v.data, b * S_new * Hk * D, S_new, s.qpos0,
@@ -750,8 +868,9 @@ function ref.attention_with_kvcache(q, k_cache, v_cache, opts)
 
   local out = ref.tensor({ B, Sq, H, D })
   local lse = ref.tensor({ B, H, Sq })
+  local akd, avd = dequantize(kd, c.k_scale, Hk, D, c.R), dequantize(vd, c.v_scale, Hk, D, c.R)
   for b = 1, B do
-    attend_seq(c, seqs[b], q.data, kd, vd, out.data, lse.data, H, D, scr)
+    attend_seq(c, seqs[b], q.data, akd, avd, out.data, lse.data, H, D, scr)
   end
   return out, lse
 end
@@ -805,7 +924,7 @@ function ref.attention_varlen(q, k_cache, v_cache, opts)
   end
   local scr = scratch(D, maxk)
 
-  if has_new then
+  if has_new and c.write_cache then
     for b = 1, B do
       local s = seqs[b]
       append_seq(c, kd, vd, opts.k.data, opts.v.data, s.new_off, s.sq, s.qpos0, s.offs,
@@ -815,8 +934,9 @@ function ref.attention_varlen(q, k_cache, v_cache, opts)
 
   local out = ref.tensor({ total_q, H, D })
   local lse = ref.tensor({ H, total_q })
+  local akd, avd = dequantize(kd, c.k_scale, Hk, D, c.R), dequantize(vd, c.v_scale, Hk, D, c.R)
   for b = 1, B do
-    attend_seq(c, seqs[b], q.data, kd, vd, out.data, lse.data, H, D, scr)
+    attend_seq(c, seqs[b], q.data, akd, avd, out.data, lse.data, H, D, scr)
   end
   return out, lse
 end
