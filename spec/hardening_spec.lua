@@ -385,6 +385,65 @@ describe("hardening (issue 46)", function()
     end)
   end)
 
+  describe("found by the fuzzers (spec/fuzz)", function()
+    it("unstage after a fork refuses, leaving no shared page reserved", function()
+      local c = assert(pa.kv_cache { num_pages = 8, page_size = 1, layers = 0 })
+      local a = assert(assert(c:sequence()):append(2))
+      assert(a:reserve(2))
+      local b = c:batch { device = "cpu" }
+      b:add(a, 2)
+      assert(b:stage())
+      local kid = assert(a:fork())
+      assert.matches("batch: sequence %d+'s staged tokens are shared now", err_of(b.unstage, b))
+      c:validate()
+      assert.equal(4, a:len())
+      assert(a:append(1)) -- into a page of its own: the fork's pages stay the fork's
+      local theirs = {}
+      for _, pg in ipairs(kid:pages()) do theirs[pg] = true end
+      assert.is_nil(theirs[a:pages()[5]])
+      c:validate()
+      c:close()
+    end)
+
+    it("a CSR page list shorter than its keys need is refused, nothing written", function()
+      local kc, vc = pa.tensor({ 8, 4, 1, 1 }):fill(1), pa.tensor({ 8, 4, 1, 1 }):fill(1)
+      local q, k = pa.tensor({ 2, 1, 1, 1 }), pa.from_table({ 7, 9 }, { 2, 1, 1, 1 })
+      assert.matches("kv_indptr: sequence 1 has 1 page, its 6 keys need 2", err_of(pa.attention_with_kvcache,
+        q, kc, vc, { k = k, v = k, cache_seqlens = { 2, 5 }, kv_indptr = { 0, 2, 3 }, kv_indices = { 0, 3, 1 } }))
+      assert.same({ 1, 1, 1, 1 }, kc:to_table(0, 4))
+    end)
+
+    it("a huge empty batch with a mis-shaped k is refused at once", function()
+      local B, kc, k = 2 ^ 27 - 1, pa.tensor({ 4, 4, 1, 1 }), pa.tensor({ 1, 1, 1, 1 })
+      local t0 = pa.clock()
+      assert.matches("k: expected shape", err_of(pa.attention_with_kvcache, pa.tensor({ B, 0, 1, 1 }), kc,
+        kc:clone(), { k = k, v = k, cache_seqlens = 0, block_table = pa.tensor({ B, 0 }, "i32") }))
+      assert.is_true(pa.clock() - t0 < 0.1, "took " .. (pa.clock() - t0) .. " s")
+    end)
+
+    it("b:append_kv with opts not a table names opts", function()
+      local c = assert(pa.kv_cache { num_pages = 4, page_size = 4, kv_heads = 1, head_dim = 2 })
+      local b = c:batch()
+      b:add(assert(c:sequence()), 1)
+      assert(b:stage())
+      local k = pa.tensor({ 1, 1, 2 })
+      assert.matches("pagedattn.batch:append_kv: opts: ", err_of(b.append_kv, b, k, k, 5), 1, true)
+      c:close()
+    end)
+
+    it("return_softmax_lse with a q of the wrong rank names q", function()
+      local kc = pa.tensor({ 4, 4, 1, 8 })
+      assert.matches("attention_varlen: q: ", err_of(pa.attention_varlen, pa.tensor({ 8 }), kc, kc:clone(),
+        { cu_seqlens_q = { 0, 8 }, seqused_k = { 8 }, block_table = { { 0, 1 } }, return_softmax_lse = true }), 1, true)
+    end)
+
+    it("an empty q's lse is not allocated before q is checked", function()
+      local kc = pa.tensor({ 4, 4, 1, 8 })
+      assert.matches("attention_with_kvcache: q: ", err_of(pa.attention_with_kvcache,
+        pa.tensor({ 1, 2 ^ 20, 2 ^ 20, 0 }), kc, kc:clone(), { return_softmax_lse = true }), 1, true)
+    end)
+  end)
+
   describe("on CUDA #gpu", function()
     local dev, why = G.device()
     if G.pending_without(pending, dev, why) then return end

@@ -99,8 +99,24 @@ local function scale_number(fname, name, v)
   return v
 end
 
+-- q's rank and head sizes, checked before out and lse are made from its shape
+-- (the C core checks the same, but only once they exist: a malformed q could
+-- ask for terabytes first)
+local function check_q_shape(fname, q, varlen)
+  local sh = q.shape
+  local rank, layout = varlen and 3 or 4, varlen and "[total_q, H, D]" or "[B, Sq, H, D]"
+  if #sh ~= rank then
+    argerr(fname, "q", "expected " .. rank .. " dimensions " .. layout .. ", got shape [" .. table.concat(sh, ", ") .. "]")
+  end
+  if sh[rank] < 1 or sh[rank] > 256 then argerr(fname, "q", "head dim " .. sh[rank] .. " is not in [1, 256]") end
+  if sh[rank - 1] < 1 or sh[rank - 1] > 65536 then
+    argerr(fname, "q", sh[rank - 1] .. " heads is not in [1, 65536]")
+  end
+end
+
 local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
   if not is_tensor(q) then argerr(fname, "q", "expected a tensor, got " .. type(q)) end
+  check_q_shape(fname, q, varlen)
   if not is_tensor(k_cache) then argerr(fname, "k_cache", "expected a tensor, got " .. type(k_cache)) end
   if not is_tensor(v_cache) then argerr(fname, "v_cache", "expected a tensor, got " .. type(v_cache)) end
   opts = opts or {}
@@ -184,7 +200,9 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
 
   local out = opts.out
   if not out then
-    out = T.new_tensor(q.shape, q.dtype, q.device, fname)
+    local err
+    out, err = T.new_tensor(q.shape, q.dtype, q.device, fname)
+    if not out then return nil, err end
   end
   p.out = live(out, fname, "out")
   local lse
@@ -192,7 +210,9 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
     local H = q.shape[#q.shape - 1]
     local shape
     if varlen then shape = { H, q.shape[1] } else shape = { q.shape[1], H, q.shape[2] } end
-    lse = T.new_tensor(shape, "f32", q.device, fname)
+    local err
+    lse, err = T.new_tensor(shape, "f32", q.device, fname)
+    if not lse then return nil, err end
     p.softmax_lse = lse.handle
   end
   return out, lse, keep
@@ -201,6 +221,7 @@ end
 -- fill, call, and keep the tensors made for the call alive until it returns
 local function run(fname, allowed, varlen, cfn, q, k_cache, v_cache, opts)
   local out, lse, keep = fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
+  if not out then return nil, lse end -- (lse: the allocation's error)
   local ok, err = check(cfn(ctx, params), fname)
   keep = nil
   if not ok then return nil, err end

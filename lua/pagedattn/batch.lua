@@ -280,6 +280,7 @@ function Batch:append_kv(k, v, opts)
   if not is_tensor(v) then error("pagedattn." .. F .. ": v: expected a tensor, got " .. type(v), 2) end
   if #k.shape ~= 3 then error("pagedattn." .. F .. ": k: expected [total_q, Hk, D], got " .. #k.shape .. " dimensions", 2) end
   opts = opts or {}
+  if type(opts) ~= "table" then error("pagedattn." .. F .. ": opts: expected a table, got " .. type(opts), 2) end
   local kc, vc = layer_caches(self, opts, F)
   local o = { k = k, v = v, window_size = { 0, 0 }, block_table = self.block_table,
     cu_seqlens_q = self.cu_seqlens_q, seqused_k = self.seqused_k, max_seqlen_q = self.max_seqlen_q,

@@ -246,7 +246,7 @@ static const int64_t *bt_checked_rows(pa_context *ctx, const pa_tensor *bt, cons
  * are not there, and a call that reads and writes nothing should not cost
  * O(batch). */
 static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bool varlen,
-                               bool work, pa_attn_problem *pb, scratch *s) {
+                               bool work, const int32_t *csr_rows, pa_attn_problem *pb, scratch *s) {
     const pa_tensor *q = p->q;
     pa_device *dev = q->dev;
     const int32_t B = pb->batch, H = pb->heads, D = pb->head_dim;
@@ -525,6 +525,10 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         }
         if (paged) {
             const int64_t pages = (sk + pb->page_size - 1) / pb->page_size;
+            /* (a CSR row is padded to the widest: its own length bounds it) */
+            if (csr_rows && pages > csr_rows[b])
+                return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: sequence %d has %d page%s, its %lld keys need %lld", b,
+                               csr_rows[b], csr_rows[b] == 1 ? "" : "s", (long long)sk, (long long)pages);
             const int32_t *row = pb->h_block_table + (int64_t)b * pb->bt_stride;
             const int64_t j = bt_valid ? bt_valid[b] : ids_in_pool(row, pages, pool_bound(pb->num_pages));
             if (j < pages)
@@ -598,8 +602,10 @@ static pa_status check_q(pa_context *ctx, const pa_attention_params *p, int ndim
 /* The padded block table [B, widest] that the CSR form (kv_indptr,
  * kv_indices) describes, as a new tensor on the call's device, for a call
  * of B sequences. */
-static pa_status csr_block_table(pa_context *ctx, const pa_attention_params *p, int64_t B, pa_tensor **out) {
+static pa_status csr_block_table(pa_context *ctx, const pa_attention_params *p, int64_t B, pa_tensor **out,
+                                 int32_t **rows_out) {
     *out = NULL;
+    *rows_out = NULL;
     const pa_tensor *ip = p->kv_indptr, *ix = p->kv_indices;
     pa_device *dev = p->q->dev;
     if (p->block_table)
@@ -639,6 +645,12 @@ static pa_status csr_block_table(pa_context *ctx, const pa_attention_params *p, 
         for (int64_t b = 0; st == PA_OK && b < B; b++)
             memcpy(table + b * width, h_ix + h_ip[b], sizeof(int32_t) * (size_t)(h_ip[b + 1] - h_ip[b]));
     }
+    int32_t *rows = NULL;
+    if (st == PA_OK) {
+        rows = malloc(sizeof(int32_t) * (size_t)(B > 0 ? B : 1));
+        if (!rows) st = pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+        for (int64_t b = 0; st == PA_OK && b < B; b++) rows[b] = h_ip[b + 1] - h_ip[b];
+    }
     if (st == PA_OK) {
         const int64_t shape[2] = {B, width};
         st = pa_tensor_create(ctx, dev, PA_I32, 2, shape, out);
@@ -648,6 +660,8 @@ static pa_status csr_block_table(pa_context *ctx, const pa_attention_params *p, 
             *out = NULL;
         }
     }
+    if (st == PA_OK) *rows_out = rows;
+    else free(rows);
     scratch_free(&s);
     return st;
 }
@@ -689,25 +703,27 @@ static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_prob
     return pb->dev->ops->attention(ctx, pb);
 }
 
-static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p);
-static pa_status varlen(pa_context *ctx, const pa_attention_params *p);
+static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows);
+static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows);
 
 /* Either form, with the CSR form of the pages turned into a block table for
  * the call (B: the call's sequences). */
 static pa_status with_csr(pa_context *ctx, const pa_attention_params *p, int64_t B,
-                          pa_status (*form)(pa_context *, const pa_attention_params *)) {
+                          pa_status (*form)(pa_context *, const pa_attention_params *, const int32_t *)) {
     if (!p->kv_indptr) {
         if (p->kv_indices) return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_indptr: missing (kv_indices was given)");
         if (p->kv_last_page_len)
             return pa_fail(ctx, PA_ERR_ARGUMENT, "kv_last_page_len: belongs to the CSR form (kv_indptr)");
-        return form(ctx, p);
+        return form(ctx, p, NULL);
     }
     pa_tensor *table = NULL;
-    TRY(csr_block_table(ctx, p, B, &table));
+    int32_t *rows = NULL;
+    TRY(csr_block_table(ctx, p, B, &table, &rows));
     pa_attention_params q = *p;
     q.block_table = table;
-    pa_status st = form(ctx, &q);
+    pa_status st = form(ctx, &q, rows);
     pa_tensor_destroy(table);
+    free(rows);
     if (st == PA_ERR_ARGUMENT && ctx && strncmp(ctx->message, "block_table: ", 13) == 0) {
         /* the table is the call's own: the caller gave it as kv_indices */
         char msg[PA_ERRMSG_LEN];
@@ -729,7 +745,7 @@ pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p) {
     return with_csr(ctx, p, cu->ndim == 1 && cu->shape[0] >= 1 ? cu->shape[0] - 1 : 0, varlen);
 }
 
-static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p) {
+static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows) {
     if (p->cu_seqlens_q)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "cu_seqlens_q: belongs to attention_varlen");
     if (p->seqused_k) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqused_k: belongs to attention_varlen");
@@ -748,7 +764,9 @@ static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p) {
     pb.q = q->data;
     pb.lse_head_stride = Sq;
     /* work: a query, or a new token to append (k's shape is checked later) */
-    const bool work = (int64_t)B * Sq > 0 || (p->k && p->k->ndim == 4 && p->k->shape[0] > 0 && p->k->shape[1] > 0);
+    /* (a k of another batch is refused by build_problem's O(1) checks, before
+     * anything of size B is made) */
+    const bool work = (int64_t)B * Sq > 0 || (p->k && p->k->ndim == 4 && p->k->shape[0] == B && B > 0 && p->k->shape[1] > 0);
     int32_t *sq = work ? scratch_alloc(&s, sizeof(int32_t) * (size_t)B) : NULL;
     int64_t *qs = work ? scratch_alloc(&s, sizeof(int64_t) * (size_t)B) : NULL;
     int64_t *ls = work ? scratch_alloc(&s, sizeof(int64_t) * (size_t)B) : NULL;
@@ -764,7 +782,7 @@ static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p) {
         pb.h_seqlen_q = sq;
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
-        st = build_problem(ctx, p, false, work, &pb, &s);
+        st = build_problem(ctx, p, false, work, csr_rows, &pb, &s);
         if (st == PA_OK) st = check_last_page_len(ctx, p, &pb);
         if (st == PA_OK && work) st = run(ctx, p, &pb);
     }
@@ -772,7 +790,7 @@ static pa_status with_kvcache(pa_context *ctx, const pa_attention_params *p) {
     return st;
 }
 
-static pa_status varlen(pa_context *ctx, const pa_attention_params *p) {
+static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int32_t *csr_rows) {
     if (p->cache_seqlens)
         return pa_fail(ctx, PA_ERR_ARGUMENT,
                        "cache_seqlens: belongs to attention_with_kvcache (varlen uses seqused_k)");
@@ -843,7 +861,7 @@ static pa_status varlen(pa_context *ctx, const pa_attention_params *p) {
         pb.h_seqlen_q = sq;
         pb.h_q_start = qs;
         pb.h_lse_start = ls;
-        st = build_problem(ctx, p, true, pb.total_q > 0, &pb, &s);
+        st = build_problem(ctx, p, true, pb.total_q > 0, csr_rows, &pb, &s);
         if (st == PA_OK) st = check_last_page_len(ctx, p, &pb);
         if (st == PA_OK && pb.total_q > 0) st = run(ctx, p, &pb);
     }

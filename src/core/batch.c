@@ -461,6 +461,15 @@ pa_status pa_batch_unstage(pa_context *ctx, pa_batch *b) {
             return pa_fail(ctx, PA_ERR_ARGUMENT,
                            "batch: sequence %d was freed or changed since it was staged; cannot undo the stage",
                            u->id);
+        /* pages it held reserved before the stage, which the staged tokens
+         * fill, become reserved again: a fork since shares them, and the
+         * sequence would write them again (a reserved page has one holder);
+         * pages the stage took go back, shared or not */
+        for (int64_t j = pa_pages_for(u->before_len, b->pool->page_size); j < u->before_pages; j++)
+            if (b->pool->refcount[s->pages[j]] > 1)
+                return pa_fail(ctx, PA_ERR_ARGUMENT,
+                               "batch: sequence %d's staged tokens are shared now (forked since the stage); "
+                               "cannot undo the stage", u->id);
     }
     rollback(b, b->staged_n);
     b->staged_n = -1;
