@@ -408,4 +408,6 @@ end
 
 check.build = build
 check.to_ref = to_ref
+-- The largest |a[i] - b[i]| beyond one rounding step of dtype (0: within).
+check.excess_over_step = excess_over_ulp
 return check

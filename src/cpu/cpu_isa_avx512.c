@@ -16,11 +16,10 @@ static inline __m512 pa_load_e5m2(const void *p) {
 }
 static inline __m512 pa_load_e4m3(const void *p) {
     const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    const __m256i mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7f));
-    __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
-                                _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
-    h = _mm256_or_si256(h, _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)),
-                                            _mm256_set1_epi16(0x7c00)));
+    __m256i h = _mm256_slli_epi16(x, 7); /* exponent and mantissa in place, the sign at bit 14 */
+    h = _mm256_add_epi16(h, _mm256_and_si256(h, _mm256_set1_epi16(0x4000))); /* the sign to bit 15 */
+    const __m256i em = _mm256_set1_epi16(0x3f80);
+    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em), _mm256_set1_epi16(0x7e00));
     return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
 }
 #define LOAD_E5M2(p) pa_load_e5m2(p)
