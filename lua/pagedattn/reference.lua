@@ -19,8 +19,9 @@
 -- * precision emulation rounds softcap the way PyTorch would: after s / cap,
 --   after tanh, after * cap. Cache values that were already there are read as
 --   given (callers pass values that are representable in their dtype).
--- * fp8 caches ("fp8_e4m3", "fp8_e5m2" as cache_dtype) hold x / scale
---   (k_scale, v_scale: one number, or one per kv head); attention reads
+-- * fp8 caches ("fp8_e4m3", "fp8_e5m2" as cache_dtype) hold x / scale,
+--   computed as x * (1 / scale) in double and rounded once, as pagedattn
+--   does (k_scale, v_scale: one number, or one per kv head); attention reads
 --   cache * scale, exactly here, and in the precision emulation as PyTorch
 --   would dequantize (cache * scale rounded to the precision). Rounding into
 --   fp8 saturates at the largest finite value, as the library does.
@@ -670,14 +671,14 @@ local function append_seq(c, kd, vd, knew, vnew, new_off, n_new, pos0, offs, Hk,
         for d = 1, D do tmp[d] = knew[so + d] end
       end
       if ks then
-        local s = ks[hk + 1]
-        for d = 1, D do kd[o + d] = store(tmp[d] / s) end
+        local inv = 1 / ks[hk + 1]
+        for d = 1, D do kd[o + d] = store(tmp[d] * inv) end
       else
         for d = 1, D do kd[o + d] = store(tmp[d]) end
       end
       if vs then
-        local s = vs[hk + 1]
-        for d = 1, D do vd[o + d] = store(vnew[so + d] / s) end
+        local inv = 1 / vs[hk + 1]
+        for d = 1, D do vd[o + d] = store(vnew[so + d] * inv) end
       else
         for d = 1, D do vd[o + d] = store(vnew[so + d]) end
       end

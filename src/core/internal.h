@@ -326,32 +326,33 @@ static inline float pa_fp8_e4m3_to_f32(uint8_t b) {
 
 static inline float pa_fp8_e5m2_to_f32(uint8_t b) { return pa_f16_to_f32((uint16_t)(b << 8)); }
 
-/* x rounded to nearest even on the fp8 grid, saturating: |x| at or beyond
- * the largest finite value (infinities included) gives that value with x's
- * sign, NaN gives NaN. One rounding from double. */
-static inline uint8_t pa_f64_to_fp8(double x, pa_dtype dt) {
+/* f rounded to nearest even on the fp8 grid, saturating: |f| at or beyond
+ * the largest finite value (infinities included) gives that value with f's
+ * sign, NaN gives NaN. Integer arithmetic on the bits, so that the kernels'
+ * twin (kernels/common.cuh) is the same code. */
+static inline uint8_t pa_f32_to_fp8(float f, pa_dtype dt) {
     const bool e4 = dt == PA_FP8_E4M3;
     const int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15;
-    const uint8_t sign = signbit(x) ? 0x80u : 0u;
-    if (isnan(x)) return sign | 0x7fu; /* e4m3: S.1111.111; e5m2: a quiet NaN */
-    const double a = fabs(x);
-    if (a >= (e4 ? 448.0 : 57344.0)) return sign | (e4 ? 0x7eu : 0x7bu);
-    if (a == 0) return sign;
-    int e;
-    (void)frexp(a, &e);      /* a = f x 2^e, 0.5 <= f < 1 */
-    int E = e - 1;           /* a = 1.f x 2^E */
-    if (E < 1 - bias) E = 1 - bias; /* the subnormals' fixed quantum */
-    const double q = ldexp(a, mbits - E); /* a in units of the quantum, exact */
-    double f = floor(q);
-    const double r = q - f;
-    if (r > 0.5 || (r == 0.5 && fmod(f, 2.0) == 1.0)) f += 1.0;
-    int n = (int)f; /* below 2^(mbits + 1): a < the largest finite value keeps it there */
-    if (n >= (2 << mbits)) { /* rounded up into the next binade */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;                       /* NaN (e4m3: S.1111.111) */
+    if (a >= (e4 ? 0x43e00000u : 0x47600000u)) return sign | (e4 ? 0x7eu : 0x7bu); /* >= 448 / 57344 */
+    const int E = a >= 0x00800000u ? (int)(a >> 23) - 127 : -126;  /* f's binade */
+    const uint32_t m = (a & 0x7fffffu) | (a >= 0x00800000u ? 0x800000u : 0u); /* f = m 2^(E - 23) */
+    int e = E < 1 - bias ? 1 - bias : E;                            /* fp8's (subnormals: the lowest) */
+    const int sh = 23 - mbits + (e - E);                            /* f / quantum = m / 2^sh */
+    if (sh > 24) return sign;                                       /* below half the smallest subnormal */
+    uint32_t n = m >> sh;
+    const uint32_t rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (n & 1u))) n++;
+    if (n >= (2u << mbits)) { /* rounded up into the next binade (never past the largest: f is below it) */
         n >>= 1;
-        E += 1;
+        e++;
     }
-    if (n < (1 << mbits)) return sign | (uint8_t)n; /* subnormal (or zero) */
-    return sign | (uint8_t)(((E + bias) << mbits) | (n - (1 << mbits)));
+    if (n < (1u << mbits)) return sign | (uint8_t)n; /* subnormal or zero */
+    return sign | (uint8_t)(((unsigned)(e + bias) << mbits) | (n - (1u << mbits)));
 }
 
 static inline float pa_fp8_to_f32(uint8_t b, pa_dtype dt) {
@@ -389,7 +390,7 @@ static inline void pa_store_f32(void *base, pa_dtype dt, int64_t i, float v) {
     case PA_BF16: ((uint16_t *)base)[i] = pa_f32_to_bf16(v); break;
     case PA_I32: ((int32_t *)base)[i] = (int32_t)v; break;
     case PA_FP8_E4M3:
-    case PA_FP8_E5M2: ((uint8_t *)base)[i] = pa_f64_to_fp8(v, dt); break;
+    case PA_FP8_E5M2: ((uint8_t *)base)[i] = pa_f32_to_fp8(v, dt); break;
     }
 }
 
@@ -406,6 +407,10 @@ static inline float pa_f64_to_f32_odd(double x) {
     memcpy(&f, &u, 4);
     return f;
 }
+
+/* x rounded once to fp8 (nearest even, saturating): through f32 rounded to
+ * odd, which keeps the rounding correct (f32 has 20 bits more than fp8). */
+static inline uint8_t pa_f64_to_fp8(double x, pa_dtype dt) { return pa_f32_to_fp8(pa_f64_to_f32_odd(x), dt); }
 
 /* Stores a double into dtype dt with one correct rounding (nearest, ties even). */
 static inline void pa_store_f64(void *base, pa_dtype dt, int64_t i, double v) {

@@ -216,15 +216,17 @@ static void append_item(void *arg, int64_t item, int thread) {
     for (int hk = 0; hk < Hk; hk++) {
         const int64_t so = (src_row + hk) * D, dof = (dst_row + hk) * D;
         if (fp8) {
-            /* x / scale in double, one rounding into the cache (nearest even,
-             * saturating), as the reference does */
-            const double vs = p->h_v_scales[hk], ks = p->h_k_scales[hk];
+            /* x times 1 / scale in double, one rounding into the cache (nearest
+             * even, saturating): the definition every backend and the
+             * reference share (a reciprocal, not a division a element, so that
+             * the GPU's append pays one division a head) */
+            const double inv_v = 1.0 / (double)p->h_v_scales[hk], inv_k = 1.0 / (double)p->h_k_scales[hk];
             double x[PA_MAX_HEAD_DIM];
             for (int d = 0; d < D; d++)
-                pa_store_f64(p->v_cache, p->cache_dtype, dof + d, pa_load_f64(p->v_new, p->dtype, so + d) / vs);
+                pa_store_f64(p->v_cache, p->cache_dtype, dof + d, pa_load_f64(p->v_new, p->dtype, so + d) * inv_v);
             for (int d = 0; d < D; d++) x[d] = pa_load_f64(p->k_new, p->dtype, so + d);
             if (p->rotary_cos) rotate_f64(p, x, pos);
-            for (int d = 0; d < D; d++) pa_store_f64(p->k_cache, p->cache_dtype, dof + d, x[d] / ks);
+            for (int d = 0; d < D; d++) pa_store_f64(p->k_cache, p->cache_dtype, dof + d, x[d] * inv_k);
             continue;
         }
         memcpy((char *)p->v_cache + dof * (int64_t)es, (const char *)p->v_new + so * (int64_t)es,
