@@ -148,7 +148,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
     /* 2. q rows (scaled; base-2 scores unless softcap/ALiBi need natural units) */
     const bool natural = p.softcap > 0.f || p.alibi != 0;
     /* (an fp8 cache's key scale goes into q, its value scale into the output) */
-    const float qscale = (natural ? p.scale : p.scale * PA_LOG2E) * pa_k_scale(p, hk), vscale = pa_v_scale(p, hk);
+    constexpr bool FP8 = PA_DT_IS_FP8(PA_KV);
+    const float qscale = (natural ? p.scale : p.scale * PA_LOG2E) * (FP8 ? pa_k_scale(p, hk) : 1.f);
+    const float vscale = FP8 ? pa_v_scale(p, hk) : 1.f;
     float q[ROWS][8], o[ROWS][8], mrow[ROWS], lrow[ROWS];
     int lo[NQ], hi[NQ];
 #pragma unroll
@@ -312,7 +314,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
     __syncthreads();
     auto lse2_of = [&](int r) { return pa_merged_lse2(sm_ml, BDY, r); };
     auto o_of = [&](int r, int d) {
-        return pa_merged_o(sm_ml, BDY, r, [&](int y) { return sm_o[(r * BDY + y) * D + d]; }) * vscale;
+        const float o = pa_merged_o(sm_ml, BDY, r, [&](int y) { return sm_o[(r * BDY + y) * D + d]; });
+        return FP8 ? o * vscale : o;
     };
     pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
 }

@@ -30,6 +30,7 @@
 
 typedef pa_elem<PA_DTYPE> E;
 typedef pa_elem<PA_KV> EKV; /* the caches' elements */
+#define FP8 PA_DT_IS_FP8(PA_KV)
 
 /* Dynamic shared memory (floats): Q[ROWS][D], K[KT][D+1] (padded: the score
  * loop reads K down a column), V[KT][D], S[ROWS][KT], O[ROWS][D]. */
@@ -50,8 +51,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
     const int hk = head_tile / tiles_per_group;
     const int g0 = (head_tile - hk * tiles_per_group) * gt;
     const int rows = p.q_tile * gt;
-    /* an fp8 cache's scales: the key's into q, the value's into the output */
-    const float qscale = p.scale * pa_k_scale(p, hk), vscale = pa_v_scale(p, hk);
 
     float *Q = sm;
     float *K = Q + ROWS * D;
@@ -83,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
             const i64 off = ((w.q_start + qi) * p.heads + hk * G + g) * (i64)D + d;
             v = p.q_f32 ? ((const float *)p.q)[off] : E::load((const void *)p.q, off);
         }
-        Q[e] = v * qscale;
+        /* (an fp8 cache's key scale goes into q, its value scale into the output) */
+        Q[e] = v * (FP8 ? p.scale * pa_k_scale(p, hk) : p.scale);
         O[e] = 0.f;
     }
     __syncthreads();
@@ -164,7 +164,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
         __syncthreads();
     }
 
-    auto o_of = [&](int r, int d) { return s_l[r] > 0.f ? O[r * D + d] / s_l[r] * vscale : 0.f; };
+    auto o_of = [&](int r, int d) {
+        if (FP8) return s_l[r] > 0.f ? O[r * D + d] / s_l[r] * pa_v_scale(p, hk) : 0.f;
+        return s_l[r] > 0.f ? O[r * D + d] / s_l[r] : 0.f;
+    };
     auto lse2_of = [&](int r) { return s_l[r] > 0.f ? s_m[r] + pa_log2(s_l[r]) : -PA_INF; };
     pa_write_rows<PA_DTYPE>(p, w, rows, gt, hk, g0, head_tile, o_of, lse2_of, &s_flag);
 }
