@@ -22,23 +22,31 @@
 --   --decode / --prefill: only that section (default both); --quick: fewer
 --   calls, shorter ceilings; --ceiling-seconds S: how long each ceiling runs;
 --   --head-dim 64|256: the same workloads at another head dim (default 128).
---   PAGEDATTN_BENCH_CONFIGS="A=1,B=2|C=3": extra runs of the page-16 decode
---   workloads with those environment variables set (kernel tuning sweeps);
---   PAGEDATTN_BENCH_CONFIG_LAYOUTS="16,256,0": the layouts of those runs (page
---   sizes, 0 unpaged; default 16);
---   PAGEDATTN_BENCH_PREFILL_CONFIGS: the same for the page-16 prefill workloads;
---   PAGEDATTN_BENCH_APPEND_CONFIGS: the same for the rotary append rows;
---   PAGEDATTN_BENCH_DECODE_WORKLOADS="8x16384,8x65536": more page-16 decode
---   workloads (B x keys), in the main table and in every config's run (fits of
---   time against bytes: a fixed cost per call and a streaming rate); a
---   workload "64x4096+512x64" is one batch of both (mixed lengths, shuffled).
+--   --configs "decode_kpw=8|decode_wide=0,decode_hw=0": extra runs of the
+--   page-16 decode workloads with those tuning fields set (pagedattn.tuning;
+--   "-": as it is), each config's rows tagged with it; "kernel_dir=/tmp/k2"
+--   compares kernel sources in one process;
+--   --config-layouts 16,256,0: the layouts of those runs (page sizes, 0
+--   unpaged; default 16);
+--   --prefill-configs: the same for the page-16 prefill workloads;
+--   --append-configs: the same for the rotary append rows;
+--   --decode-workloads 8x16384,8x65536: more page-16 decode workloads (B x
+--   keys), in the main table and in every config's run (fits of time against
+--   bytes: a fixed cost per call and a streaming rate); a workload
+--   "64x4096+512x64" is one batch of both (mixed lengths, shuffled).
 --   scripts/run scripts/bench.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
-local sweep = require "pagedattn.sweep" -- shared: decode_batch, make_cache, stats, env configs
+local sweep = require "pagedattn.sweep" -- shared: decode_batch, make_cache, stats
+local tuning = require "pagedattn.tuning"
 
 local quick, only, ceiling_seconds, head_dim = false, nil, nil, 128
+local configs = { decode = {}, prefill = {}, append = {} }
+local config_layouts_text, decode_workloads_text = "16", ""
+local usage = "usage: scripts/run scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] " ..
+  "[--head-dim D] [--configs C] [--prefill-configs C] [--append-configs C] [--config-layouts 16,256,0] " ..
+  "[--decode-workloads BxL,...]"
 do
   local i = 1
   while i <= #arg do
@@ -60,8 +68,22 @@ do
         io.stderr:write("bench: --head-dim takes 64, 128 or 256\n")
         os.exit(2)
       end
+    elseif a == "--configs" or a == "--prefill-configs" or a == "--append-configs" then
+      i = i + 1
+      local ok, list = pcall(tuning.parse_configs, arg[i])
+      if not ok or #list == 0 then
+        io.stderr:write("bench: ", a, ": ", ok and "no config" or tostring(list), "\n")
+        os.exit(2)
+      end
+      configs[a == "--configs" and "decode" or a == "--prefill-configs" and "prefill" or "append"] = list
+    elseif a == "--config-layouts" then
+      i = i + 1
+      config_layouts_text = arg[i] or ""
+    elseif a == "--decode-workloads" then
+      i = i + 1
+      decode_workloads_text = arg[i] or ""
     elseif a == "--help" or a == "-h" then
-      print("usage: scripts/run scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] [--head-dim D]")
+      print(usage)
       os.exit(0)
     else
       io.stderr:write("bench: unknown argument '" .. a .. "' (--help)\n")
@@ -121,11 +143,11 @@ local function steady(call, seconds)
   repeat loop_calls(call, 5) until pa.clock() - t0 >= (seconds or 0.15)
 end
 
--- Runs fn once per config of the environment variable `var` ("A=1,B=2|C=3"),
--- with that config's variables set; fn gets the config's text.
-local function with_configs(var, fn)
-  for _, c in ipairs(sweep.env_configs(os.getenv(var))) do
-    sweep.with_env(c.vars, function() fn(c.name) end)
+-- Runs fn once per tuning config of `list` (tuning.parse_configs), with its
+-- fields set on the device; fn gets the config's text.
+local function with_configs(list, fn)
+  for _, c in ipairs(list) do
+    dev:with_tuning(c.fields, fn, c.name)
   end
 end
 
@@ -180,7 +202,7 @@ end
 
 local iters = quick and 10 or 40
 local config_layouts = {}
-for p in (os.getenv("PAGEDATTN_BENCH_CONFIG_LAYOUTS") or "16"):gmatch("%d+") do
+for p in config_layouts_text:gmatch("%d+") do
   config_layouts[#config_layouts + 1] = tonumber(p)
 end
 -- A decode workload from its name, "64x4096" (B sequences x L keys) or
@@ -189,9 +211,9 @@ local function workload(name)
   return name:find("%d+x%d+") and { name = name } or nil
 end
 local workloads = { workload("64x4096"), workload("8x32768"), workload("256x1024") }
--- the page-16 workloads of the sweeps: these and PAGEDATTN_BENCH_DECODE_WORKLOADS
+-- the page-16 workloads of the sweeps: these and --decode-workloads
 local extra_workloads, page16_workloads = {}, { unpack(workloads) }
-for w in (os.getenv("PAGEDATTN_BENCH_DECODE_WORKLOADS") or ""):gmatch("[%dx+]+") do
+for w in decode_workloads_text:gmatch("[%dx+]+") do
   local wl = workload(w)
   if wl then
     extra_workloads[#extra_workloads + 1] = wl
@@ -259,12 +281,12 @@ if run_decode then
   for _, wl in ipairs(extra_workloads) do decode(wl, 16) end
   append(64, 512, 16)
   append(256, 1, 16)
-  with_configs("PAGEDATTN_BENCH_APPEND_CONFIGS", function(config)
+  with_configs(configs.append, function(config)
     append(64, 512, 16, " [" .. config .. "]")
     append(256, 1, 16, " [" .. config .. "]")
   end)
   -- tuning sweeps
-  with_configs("PAGEDATTN_BENCH_CONFIGS", function(config)
+  with_configs(configs.decode, function(config)
     for _, wl in ipairs(page16_workloads) do
       for _, page in ipairs(config_layouts) do decode(wl, page, " [" .. config .. "]") end
     end
@@ -373,7 +395,7 @@ if run_prefill then
     prefill_notes[#prefill_notes + 1] = note
     print(note)
   end
-  with_configs("PAGEDATTN_BENCH_PREFILL_CONFIGS", function(config)
+  with_configs(configs.prefill, function(config)
     for _, wl in ipairs(prefill_workloads) do prefill(wl, 16, " [" .. config .. "]") end
   end)
 

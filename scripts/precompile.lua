@@ -2,13 +2,17 @@
 -- kernel variants through NVRTC into the disk cache ($PAGEDATTN_KERNEL_CACHE,
 -- else $XDG_CACHE_HOME/pagedattn or ~/.cache/pagedattn), so that first calls
 -- need not compile. With no variants named: the catalog (every kernel and
--- code path) and the benchmark's variants (decode and prefill). ARCH: "sm_90a", "sm_80", ...;
--- default: that of CUDA device 0 (needs the driver). --shard K/N: only every
--- N-th variant from the K-th (1-based), to run N compilers side by side.
--- --names: print the variants, one a line, and compile nothing.
+-- code path) and the variants the planner may choose for the benchmark's and
+-- the GPU specs' shapes (the library lists them: pagedattn.tuning.variants_for),
+-- at the default tuning and the tuning the benchmark sweeps. ARCH: "sm_90a",
+-- "sm_80", ...; default: that of CUDA device 0 (without one: the variants of
+-- both, compiled for sm_90a). --shard K/N: only every N-th variant from the
+-- K-th (1-based), to run N compilers side by side. --names: print the
+-- variants, one a line, and compile nothing.
 --   scripts/run scripts/precompile.lua --arch sm_90a
 local ffi = require "ffi"
 local core = require "pagedattn.core"
+local tuning = require "pagedattn.tuning"
 local C = core.C
 
 local arch, list, variants = nil, nil, {}
@@ -35,68 +39,62 @@ if list then
     if line ~= "" then variants[#variants + 1] = line end
   end
 end
-if #variants == 0 then
-  for j = 0, C.pa_kernel_catalog_size() - 1 do variants[#variants + 1] = ffi.string(C.pa_kernel_catalog_name(j)) end
-  -- scripts/bench.lua: page 16, 256 and contiguous bf16 decode (D 128, 4 heads per kv head)
-  for _, page in ipairs({ "16", "256", "contig" }) do
+
+-- The shapes to compile ahead: scripts/bench.lua's decode (bf16, 32 / 8 heads
+-- of 128, pages of 16 and 256, contiguous) at the tuning its sweeps try, its
+-- mma.sync prefill configurations, and Hopper prefill as the specs and the
+-- bench use it (f16/bf16, head dims 64/128/256, 1 or 4 heads a kv head, every
+-- kind of page, softcap or not; by default, a box a page of 64 columns, and
+-- prefill_ws forced).
+local function bench_shapes()
+  local out = {}
+  local function add(shape, t) out[#out + 1] = { shape = shape, tuning = t } end
+  for _, page in ipairs({ 16, 256, 0 }) do
+    local decode = { dtype = "bf16", head_dim = 128, heads = 32, kv_heads = 8, page_size = page, seqlen_q = 1 }
+    add(decode, nil)
     for _, stages in ipairs({ 2, 3, 4 }) do
-      variants[#variants + 1] = string.format("decode dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024",
-        page, stages)
-      for _, kpw in ipairs({ 8, 16 }) do
-        variants[#variants + 1] = string.format(
-          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=1024 kpw=%d persist=0 minb=1 hw=0 nw=4",
-          page, stages, kpw)
-      end
-      -- short units (one block per unit, three blocks a SM; a warp a head
-      -- tile or not; a warp a head tile at 16 keys a warp, two blocks a SM)
-      if stages == 3 then
-        for hw = 0, 1 do
-          variants[#variants + 1] = string.format(
-            "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=8 persist=0 minb=3 hw=%d nw=4",
-            page, hw)
-        end
-        variants[#variants + 1] = string.format(
-          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=1024 kpw=16 persist=0 minb=2 hw=1 nw=4", page)
-        -- (and in persistent blocks, where they pay: hw_persist_pays)
-        variants[#variants + 1] = string.format(
-          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=3 maxp=768 kpw=16 persist=1 minb=2 hw=1 nw=4", page)
-      end
-      for _, nw in ipairs({ 4, 8 }) do
-        variants[#variants + 1] = string.format(
-          "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=%s stages=%d maxp=768 kpw=16 persist=1 minb=1 hw=0 nw=%d",
-          page, stages, nw)
-      end
+      for _, kpw in ipairs({ 8, 16 }) do add(decode, { decode_stages = stages, decode_kpw = kpw }) end
+      add(decode, { decode_kernel = "simt", decode_stages = stages })
+    end
+    local prefill = { dtype = "bf16", head_dim = 128, heads = 32, kv_heads = 8, page_size = page, seqlen_q = 2048 }
+    for _, sm in ipairs({ { 2, 2 }, { 2, 1 }, { 3, 1 } }) do
+      add(prefill, { prefill_kernel = "mma", prefill_stages = sm[1], prefill_minb = sm[2] })
     end
   end
-  -- Hopper prefill as the specs and the bench use it: f16/bf16, D 64/128/256,
-  -- 1 or 4 heads per kv head (1 and 4 query heads per kv head), every page kind
   for _, dt in ipairs({ "bf16", "f16" }) do
     for _, D in ipairs({ 64, 128, 256 }) do
-      for _, gt in ipairs({ 1, 4 }) do
-        for _, page in ipairs({ "1", "16", "256", "any", "contig" }) do
-          for _, natural in ipairs({ 0, 1 }) do
-            variants[#variants + 1] = string.format("prefill_wgmma dtype=%s D=%d gt=%d page=%s stages=3 natural=%d",
-              dt, D, gt, page, natural)
-            -- ws: TMA where the pages hold 16 tokens or more (or the cache is contiguous)
-            -- (paged: page boxes, tma=2, and tma=1 for PAGEDATTN_PREFILL_PAGE_BOXES=0)
-            local tma = (page == "contig" or (tonumber(page) or 0) >= 16) and 1 or 0
-            local ws = "prefill_ws dtype=%s D=%d gt=%d page=%s stages=%d natural=%d tma=%d"
-            variants[#variants + 1] = string.format(ws, dt, D, gt, page, D <= 128 and 3 or 2, natural, tma)
-            if (tonumber(page) or 0) >= 16 then
-              variants[#variants + 1] = string.format(ws, dt, D, gt, page, D <= 128 and 3 or 2, natural, 2)
-            end
+      for _, group in ipairs({ 1, 4 }) do
+        for _, page in ipairs({ 1, 16, 256, 3, 0 }) do
+          for _, natural in ipairs({ false, true }) do
+            local s = { dtype = dt, head_dim = D, heads = 8 * group, kv_heads = 8, page_size = page, seqlen_q = 2048,
+              natural = natural }
+            add(s, nil)
+            add(s, { prefill_page_boxes = 0 })
+            add(s, { prefill_kernel = "ws" }) -- (the specs force it: the cp.async gather at small pages)
           end
         end
       end
     end
   end
-  -- and the bench's bf16 prefill on mma.sync (D 128, 4 heads per kv head; tuning variants)
-  for _, page in ipairs({ "16", "256", "contig" }) do
-    for _, sm in ipairs({ { 2, 2 }, { 2, 1 }, { 3, 1 } }) do
-      variants[#variants + 1] = string.format("prefill dtype=bf16 D=128 gt=4 page=%s stages=%d natural=0 minb=%d",
-        page, sm[1], sm[2])
+  return out
+end
+
+if #variants == 0 then
+  for j = 0, C.pa_kernel_catalog_size() - 1 do variants[#variants + 1] = ffi.string(C.pa_kernel_catalog_name(j)) end
+  local archs = { arch }
+  if not arch then
+    -- the device's, or both kinds where there is none
+    local ok = tuning.variants_for({ head_dim = 128, heads = 1, kv_heads = 1 }, nil, nil)
+    if not ok then archs = { "sm_90a", "sm_80" } end
+  end
+  for _, a in ipairs(archs) do
+    for _, s in ipairs(bench_shapes()) do
+      local names, err = tuning.variants_for(s.shape, s.tuning, a)
+      if not names then io.stderr:write("precompile: ", err, "\n"); os.exit(1) end
+      for _, v in ipairs(names) do variants[#variants + 1] = v end
     end
   end
+  arch = arch or (#archs > 1 and "sm_90a" or nil)
 end
 
 local unique, seen = {}, {}

@@ -8,13 +8,20 @@ local G = require "gpu_helpers"
 local H = require "helpers"
 
 local dev, why = G.device()
+-- (the dry run on the CPU: what only a CUDA device has is pending, with the reason)
+local function cuda_only()
+  if G.device_name == "cpu" then
+    pending("a CUDA device's own behaviour: the dry run on the CPU cannot check it")
+    return true
+  end
+end
 
 describe("#gpu CUDA device", function()
   if G.pending_without(pending, dev, why) then return end
   local cpu = assert(pa.device("cpu"))
 
   it("#gpu describes itself (model, SMs, memory)", function()
-    if G.device_name == "cpu" then return end
+    if cuda_only() then return end
     assert.equal("cuda", dev.kind)
     assert.truthy(dev.description:find("SMs", 1, true), dev.description)
     assert.truthy(dev.description:find("GiB", 1, true), dev.description)
@@ -74,8 +81,8 @@ describe("#gpu CUDA device", function()
     end
   end)
 
-  it("#gpu kernels are kept per source directory (PAGEDATTN_KERNEL_DIR, read at each first use)", function()
-    if G.device_name == "cpu" then return end
+  it("#gpu kernels are kept per source directory (the tuning's kernel_dir, read at each first use)", function()
+    if cuda_only() then return end
     -- a copy of kernels/ whose randn kernels draw from seed + 1
     local dir = H.tmpdir()
     assert(H.sh("cp -r '" .. core.root .. "/kernels/.' '" .. dir .. "'") == 0)
@@ -86,7 +93,7 @@ describe("#gpu CUDA device", function()
     local function draw(seed) return assert(pa.randn({ 257 }, "f32", dev, seed)):to_table() end
     local before = draw(11)
     local other
-    H.with_env({ PAGEDATTN_KERNEL_DIR = dir }, function() other = draw(11) end)
+    dev:with_tuning({ kernel_dir = dir }, function() other = draw(11) end)
     local after = draw(11)
     os.execute("rm -rf '" .. dir .. "'")
     assert.same(before, after)    -- the embedded sources' module again
@@ -94,12 +101,12 @@ describe("#gpu CUDA device", function()
     assert.are_not.same(before, other)
   end)
 
-  it("#gpu kernels are kept per NVRTC options too (PAGEDATTN_NVRTC_OPTIONS, tuning sweeps by define)", function()
-    if G.device_name == "cpu" then return end
+  it("#gpu kernels are kept per NVRTC options too (the tuning's nvrtc_options, sweeps by define)", function()
+    if cuda_only() then return end
     local function draw() return pa.randn({ 257 }, "f32", dev, 11) end
     local before = assert(draw()):to_table() -- the util module, loaded without options
     -- other options are another module: compiled (here: refused by NVRTC), not the one loaded
-    H.with_env({ PAGEDATTN_NVRTC_OPTIONS = "--no-such-option" }, function()
+    dev:with_tuning({ nvrtc_options = "--no-such-option" }, function()
       local t, e = draw()
       assert.is_nil(t)
       assert.truthy(tostring(e):find("no-such-option", 1, true), e)
@@ -108,14 +115,14 @@ describe("#gpu CUDA device", function()
   end)
 
   it("#gpu a device that does not exist is a clear error, not a crash", function()
-    if G.device_name == "cpu" then return end
+    if cuda_only() then return end
     local d, err = pa.device("cuda:63")
     assert.is_nil(d)
     assert.truthy(err:find("cuda:63 does not exist", 1, true), err)
   end)
 
   it("#gpu running out of device memory is a clear error", function()
-    if G.device_name == "cpu" then return end
+    if cuda_only() then return end
     -- far more than the device has
     local t, err = pa.tensor({ 1024, 1024, 1024, 1024 }, "f32", dev)
     assert.is_nil(t)
@@ -138,7 +145,7 @@ describe("#gpu CUDA device", function()
   end)
 
   it("#gpu times the kernels of an attention call on the device", function()
-    if G.device_name == "cpu" then return end
+    if cuda_only() then return end
     local q = assert(pa.randn({ 2, 1, 8, 64 }, "bf16", dev, 1))
     local k = assert(pa.randn({ 2, 512, 2, 64 }, "bf16", dev, 2))
     local v = assert(pa.randn({ 2, 512, 2, 64 }, "bf16", dev, 3))
@@ -151,5 +158,40 @@ describe("#gpu CUDA device", function()
     end
     assert.equal(0, core.C.pa_device_timing(core.ctx, dev.handle, 0))
     assert.equal(4, core.C.pa_device_timing(core.ctx, cpu.handle, 1)) -- unsupported on the CPU
+  end)
+
+  it("#gpu its tuning: read, set (checked, named errors, a failed set changes nothing), reset; the last plan", function()
+    if cuda_only() then return end
+    local t0 = assert(dev:tuning())
+    assert.equal(16, t0.decode_kpw)
+    assert.equal(1, t0.decode_persist)
+    assert.equal(0, t0.prefill_kernel)
+    dev:set_tuning({ decode_kpw = 8, prefill_kernel = "wgmma" })
+    local t1 = assert(dev:tuning())
+    assert.equal(8, t1.decode_kpw)
+    assert.equal(2, t1.prefill_kernel)
+    assert.equal(t0.decode_stages, t1.decode_stages) -- the fields not named stay
+    local err = H.error_of(dev.set_tuning, dev, { decode_kpw = 12 })
+    assert.truthy(err:find("decode_kpw: 12 is not 8 or 16", 1, true), err)
+    err = H.error_of(dev.set_tuning, dev, { decode_kpw = 16, no_such_field = 1 })
+    assert.truthy(err:find("no tuning field 'no_such_field'", 1, true), err)
+    err = H.error_of(dev.set_tuning, dev, { decode_stages = 1 })
+    assert.truthy(err:find("decode_stages: 1", 1, true), err)
+    assert.same(t1, assert(dev:tuning())) -- (the failed sets changed nothing)
+    dev:reset_tuning()
+    assert.same(t0, assert(dev:tuning()))
+    -- the plan of a call: a decode of 2 x 500 keys at 8 heads over 2 of 64 (a GQA tile of 4)
+    local q = assert(pa.randn({ 2, 1, 8, 64 }, "bf16", dev, 1))
+    local k = assert(pa.randn({ 2, 512, 2, 64 }, "bf16", dev, 2))
+    local v = assert(pa.randn({ 2, 512, 2, 64 }, "bf16", dev, 3))
+    assert(pa.attention_with_kvcache(q, k, v, { cache_seqlens = 500 }))
+    local plan = assert(dev:last_plan())
+    assert.truthy(plan:find("^decode_mma dtype=bf16 D=64 nq=1 gt=4 page=contig [^\n]* | pa_decode_mma grid=%d+"), plan)
+    dev:with_tuning({ decode_kernel = "simt" }, function()
+      assert(pa.attention_with_kvcache(q, k, v, { cache_seqlens = 500 }))
+      plan = assert(dev:last_plan())
+      assert.truthy(plan:find("^decode dtype=bf16 D=64 nq=1 gt=4 page=contig stages=3 maxp=1024 | pa_decode "), plan)
+    end)
+    assert.same(t0, assert(dev:tuning()))
   end)
 end)

@@ -11,12 +11,17 @@ local H = require "helpers"
 local SPEC = "spec/gpu_difftest_spec.lua"
 local dev, why = G.device()
 
-local function run_cases(name, n, want_fn)
+-- expect(case): after each case's call, what its plan must show (G.expect_plan), or nil
+local function run_cases(name, n, want_fn, expect)
   for i = 1, n do
     local seed = H.seed(name, i)
     local rng = ref.rng(seed)
     local case = check.random_case(rng, want_fn and want_fn(rng, i) or nil)
     local ok, r = pcall(check.run, case, dev, rng)
+    if ok and expect then
+      local eok, eerr = pcall(expect, case)
+      if not eok then ok, r = false, eerr end
+    end
     if not ok then
       error(string.format("%s\n  case: %s\n  seed: %d\n  %s", tostring(r), check.describe(case), seed,
         H.rerun(SPEC)), 0)
@@ -69,61 +74,62 @@ describe("#gpu CUDA against the float64 reference", function()
   -- them taking every unit: guided pieces down to 64 keys (units shorter than
   -- 8 stages load the next one waiting), and whole key ranges (longer units
   -- load the next one inside their stage loop); blocks of four warps, and of
-  -- eight (PAGEDATTN_DECODE_WIDE=2: every persistent plan, at any length;
-  -- the default from 1024 keys a sequence)
+  -- eight (decode_wide 2: every persistent plan, at any length, where their
+  -- shared memory fits: sm_90; the default from 1024 keys a sequence)
   for _, cfg in ipairs({
-    { "short units", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64",
-      PAGEDATTN_DECODE_GUIDE = "64" } },
+    { "short units", { decode_guided = 1, decode_min_chunk = 64, decode_guide = 64 } },
     { "whole ranges", {} },
-    { "short units, eight warps", { PAGEDATTN_DECODE_GUIDED = "1", PAGEDATTN_DECODE_MIN_CHUNK = "64",
-      PAGEDATTN_DECODE_GUIDE = "64", PAGEDATTN_DECODE_WIDE = "2" } },
-    { "whole ranges, eight warps", { PAGEDATTN_DECODE_WIDE = "2" } },
+    { "short units, eight warps", { decode_guided = 1, decode_min_chunk = 64, decode_guide = 64, decode_wide = 2 } },
+    { "whole ranges, eight warps", { decode_wide = 2 } },
   }) do
     it("#gpu persistent decode: five blocks taking every unit, " .. cfg[1] .. ", every layout", function()
-      local env = { PAGEDATTN_DECODE_BLOCKS = "5", PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "0",
-        PAGEDATTN_DECODE_WIDE = "0" }
-      for k, v in pairs(cfg[2]) do env[k] = v end
-      H.with_env(env, function()
+      local t = { decode_max_blocks = 5, decode_persist_min_keys = 0, decode_wide = 0 }
+      for k, v in pairs(cfg[2]) do t[k] = v end
+      local eight = t.decode_wide == 2 and G.cc_major(dev) >= 9
+      G.with_tuning(dev, t, function()
         run_cases("gpu persistent decode " .. cfg[1], H.scale(30), function(rng)
           return { mode = rng:int(1, 3) == 1 and "read" or "decode", dtype = rng:int(1, 2) == 1 and "f16" or "bf16",
             page_size = ({ 0, 1, 3, 16, 32, 256 })[rng:int(1, 6)], D = ({ 64, 128 })[rng:int(1, 2)],
             group = ({ 1, 4, 8 })[rng:int(1, 3)], B = rng:int(1, 9), max_keys = rng:int(1, 8) * 150,
             sq = rng:int(1, 8) }
+        end, function()
+          -- (every persistent plan of four-warp blocks has eight under decode_wide 2)
+          if eight then G.expect_plan(dev, "eight warps", "persist=1 minb=%d+ hw=0 nw=4", true) end
+          if t.decode_wide == 0 then G.expect_plan(dev, "four warps", "nw=8", true) end
         end)
       end)
     end)
   end
 
-  it("#gpu decode, one block per unit (PAGEDATTN_DECODE_PERSIST=0)", function()
-    H.with_env({ PAGEDATTN_DECODE_PERSIST = "0" }, function()
+  it("#gpu decode, one block per unit (decode_persist 0)", function()
+    G.with_tuning(dev, { decode_persist = 0 }, function()
       run_cases("gpu decode, not persistent", H.scale(30), function(rng)
         return { mode = "decode", dtype = rng:int(1, 2) == 1 and "f16" or "bf16",
           page_size = ({ 0, 1, 16, 256 })[rng:int(1, 4)], D = ({ 64, 128 })[rng:int(1, 2)],
           group = ({ 1, 4, 8 })[rng:int(1, 3)], B = rng:int(1, 12), max_keys = rng:int(1, 8) * 150 }
-      end)
+      end, function() G.expect_plan(dev, "one block a unit", "persistent=1", true) end)
     end)
   end)
 
   -- short units, unsplit, each of a block's four warps on a head tile of its
-  -- own (decode_mma hw=1; docs/decode.md), at 8 and 16 keys a
-  -- warp: at most 8 rows a tile (GQA groups 1-8 and their query counts), 4
-  -- where q is rotated in the call; head tiles in fours (4, 8 or 12 kv
-  -- heads), every call (PERSIST_MIN_KEYS) unsplit (SPLIT_CHUNK); HW=2: also
-  -- where its blocks fill too little of the GPU (hw_waves_ok), and a call
-  -- that does not run so fails. Either one block a unit
-  -- (PAGEDATTN_DECODE_HW_PERSIST=0), or persistent blocks,
-  -- three of them here, so that each takes several units from the counter,
-  -- loading the next while the current one streams (units of 8 stages or
-  -- more) or waiting for it (shorter ones).
-  for _, kpw in ipairs({ "8", "16" }) do
+  -- own (decode_mma hw=1; docs/decode.md), at 8 and 16 keys a warp: at most
+  -- 8 rows a tile (GQA groups 1-8 and their query counts), 4 where q is
+  -- rotated in the call; head tiles in fours (4, 8 or 12 kv heads), every call
+  -- one part (persist_min_keys) unsplit (split_chunk); decode_hw 2: also where
+  -- its blocks fill too little of the GPU, so that every case runs it (its
+  -- plan says so). Either one block a unit (decode_hw_persist 0), or
+  -- persistent blocks, three of them here, so that each takes several units
+  -- from the counter, loading the next while the current one streams (units
+  -- of 8 stages or more) or waiting for it (shorter ones).
+  for _, kpw in ipairs({ 8, 16 }) do
     for _, form in ipairs({ "one block a unit", "three persistent blocks" }) do
       local persistent = form ~= "one block a unit"
       it("#gpu decode, short units, a warp a head tile, " .. kpw .. " keys a warp, " .. form ..
-        " (PAGEDATTN_DECODE_HW)", function()
-        local env = { PAGEDATTN_DECODE_PERSIST_MIN_KEYS = "100000", PAGEDATTN_SPLIT_CHUNK = "100000",
-          PAGEDATTN_DECODE_HW = "2", PAGEDATTN_DECODE_SHORT_KPW = kpw,
-          PAGEDATTN_DECODE_HW_PERSIST = persistent and "2" or "0", PAGEDATTN_DECODE_BLOCKS = persistent and "3" or nil }
-        H.with_env(env, function()
+        " (decode_hw)", function()
+        local t = { decode_persist_min_keys = 100000, split_chunk = 100000, decode_hw = 2, decode_short_kpw = kpw,
+          decode_hw_persist = persistent and 2 or 0, decode_max_blocks = persistent and 3 or 0 }
+        local want = string.format("kpw=%d persist=%d minb=%%d+ hw=1", kpw, persistent and 1 or 0)
+        G.with_tuning(dev, t, function()
           run_cases("gpu decode hw " .. kpw .. (persistent and " persistent" or ""), H.scale(25), function(rng)
             local group = ({ 1, 2, 4, 8 })[rng:int(1, 4)]
             local nq = rng:int(1, math.floor(8 / group))
@@ -134,7 +140,7 @@ describe("#gpu CUDA against the float64 reference", function()
               sq = nq, new = rng:int(1, 3) == 1 and nq or 1, num_splits = 0 }
             if group * nq > 4 then want.rotary = false end -- (more than 4 rows: no rotated f32 q)
             return want
-          end)
+          end, function() G.expect_plan(dev, "a warp a head tile", want) end)
         end)
       end)
     end
@@ -143,15 +149,13 @@ describe("#gpu CUDA against the float64 reference", function()
   -- one block per unit, paged caches, the splits of a query tile claiming its
   -- keys past their first 2 x stages + 2 stages, two stages a claim
   -- (docs/decode.md): splits of 1024 keys, the first sequence long enough to
-  -- split, others short or empty (one unit) or long (several splits);
-  -- PAGEDATTN_DECODE_CLAIM=2 fails any call whose splits would not claim, so
-  -- every case runs the claims. (Not 601-1099 keys: at page 1 the page-id
-  -- cap splits 961-1023 keys in two, too short for two splits' static
-  -- stages, so that call rightly keeps fixed ranges.)
-  it("#gpu decode, splits claiming their keys two stages at a time (PAGEDATTN_DECODE_CLAIM=2)", function()
-    local env = { PAGEDATTN_DECODE_PERSIST = "0", PAGEDATTN_SPLIT_CHUNK = "1024", PAGEDATTN_DECODE_CLAIM = "2",
-      PAGEDATTN_DECODE_CLAIM_MIN = "0" }
-    H.with_env(env, function()
+  -- split, others short or empty (one unit) or long (several splits); every
+  -- case's plan must show the claims. (Not 601-1099 keys: at page 1 the
+  -- page-id cap splits 961-1023 keys in two, too short for two splits'
+  -- static stages, so that call rightly keeps fixed ranges.)
+  it("#gpu decode, splits claiming their keys two stages at a time (decode_claim)", function()
+    local t = { decode_persist = 0, split_chunk = 1024, decode_claim_min = 0 }
+    G.with_tuning(dev, t, function()
       run_cases("gpu decode claims", H.scale(30), function(rng)
         local B = rng:int(1, 5)
         local cached = { rng:int(1100, 3000) }
@@ -160,22 +164,25 @@ describe("#gpu CUDA against the float64 reference", function()
           dtype = rng:int(1, 2) == 1 and "f16" or "bf16", page_size = ({ 1, 3, 16, 32, 256 })[rng:int(1, 5)],
           D = ({ 64, 128, 32, 96 })[rng:int(1, 4)], group = ({ 1, 4, 8 })[rng:int(1, 3)], B = B, cached = cached,
           window = { -1, -1 }, sq = rng:int(1, 8) }
-      end)
+      end, function() G.expect_plan(dev, "claims", "decode_mma [^\n]*claims=1") end)
     end)
   end)
 
-  it("#gpu the CUDA-core decode kernel on f16/bf16 problems (PAGEDATTN_DECODE_KERNEL=simt)", function()
-    H.with_env({ PAGEDATTN_DECODE_KERNEL = "simt" }, function()
+  it("#gpu the CUDA-core decode kernel on f16/bf16 problems (decode_kernel simt)", function()
+    G.with_tuning(dev, { decode_kernel = "simt" }, function()
       run_cases("gpu simt", H.scale(30), function(rng)
         return { mode = rng:int(1, 2) == 1 and "decode" or "read", dtype = rng:int(1, 2) == 1 and "f16" or "bf16" }
-      end)
+      end, function() G.expect_plan(dev, "CUDA cores", "decode_mma", true) end)
     end)
   end)
 
-  it("#gpu the fallback kernel on decode problems (PAGEDATTN_CUDA_FALLBACK=1)", function()
-    H.with_env({ PAGEDATTN_CUDA_FALLBACK = "1" }, function()
+  it("#gpu the fallback kernel on decode problems (fallback 1)", function()
+    G.with_tuning(dev, { fallback = 1 }, function()
       run_cases("gpu fallback", H.scale(25), function(rng)
         return { mode = rng:int(1, 2) == 1 and "decode" or "read" }
+      end, function()
+        G.expect_plan(dev, "the fallback kernel", "decode", true)
+        G.expect_plan(dev, "the fallback kernel", "prefill", true)
       end)
     end)
   end)

@@ -31,6 +31,32 @@ function G.pending_without(pending, dev, why)
   return true
 end
 
+-- Runs fn with tuning fields of the device set (dev:set_tuning's table), the
+-- tuning before restored after, also on an error. The CPU of a dry run has no
+-- tuning: fn runs as is there.
+function G.with_tuning(dev, fields, fn)
+  if dev.kind ~= "cuda" then return fn() end
+  return dev:with_tuning(fields, fn)
+end
+
+-- Asserts that the last attention call on a CUDA device launched what the
+-- test is about: its plan (dev:last_plan(), a line a launch) matches the Lua
+-- pattern `want` (or, with `absent`, does not). `what` names the path. A dry
+-- run on the CPU checks results only (the CPU plans no kernels).
+function G.expect_plan(dev, what, want, absent)
+  if dev.kind ~= "cuda" then return end
+  local plan = assert(dev:last_plan())
+  local found = plan:find(want) ~= nil
+  if found == (absent == true) then
+    error(string.format("%s: the last call's plan %s '%s':\n%s", what, absent and "has" or "lacks", want, plan), 2)
+  end
+end
+
+-- The device's compute capability major (0: not a CUDA device).
+function G.cc_major(dev)
+  return tonumber((dev.description or ""):match("compute (%d+)%.")) or 0
+end
+
 -- The same standard normal tensor on two devices (randn is one stream everywhere).
 function G.randn2(shape, dtype, dev_a, dev_b, seed)
   return assert(pa.randn(shape, dtype, dev_a, seed)), assert(pa.randn(shape, dtype, dev_b, seed))

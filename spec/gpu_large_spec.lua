@@ -157,9 +157,9 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
 
   -- Short and long sequences in one decode call: two launches, the long
   -- sequences on persistent blocks (or split over a wave), the short ones a
-  -- block per unit (PAGEDATTN_DECODE_SPLIT_SHORT=2: a call that is not split
-  -- fails). Lengths 1-255 and 256-4000 (or 8000: few long, the whole call's
-  -- plan first the short units' kernel), random page order with duplicates.
+  -- block per unit (the call's plan must show both). Lengths 1-255 and
+  -- 256-4000 (or 8000: few long, the whole call's plan first the short
+  -- units' kernel), random page order with duplicates.
   local function mixed_decode(name, nshort, nlong, long_max, dtype)
     local seed = H.seed(name)
     local rng = ref.rng(seed)
@@ -175,9 +175,11 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
     for b = 1, B do
       if s.keys[b] > s.keys[long_b + 1] then long_b = b - 1 end
     end
-    H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = small and false or "2" }, function()
-      compare(name, s, { b = long_b, nq = 1, nk = s.keys[long_b + 1] })
-    end)
+    compare(name, s, { b = long_b, nq = 1, nk = s.keys[long_b + 1] })
+    if not small then
+      G.expect_plan(dev, "the short sequences' launch", "keys=0%.%.256\n")
+      G.expect_plan(dev, "the long sequences' launch", "keys=256%.%.0\n")
+    end
   end
   it("#gpu decode of short and long sequences: 576 x 1-255 keys and 48 x 256-4000, bf16, page 16", function()
     mixed_decode("decode mixed lengths", 576, 48, 4000, "bf16")
@@ -186,11 +188,11 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
     mixed_decode("decode mixed lengths, few long", 640, 6, 8000, "f16")
   end)
 
-  -- Units of 256-511 keys: a warp a head tile (PAGEDATTN_DECODE_HW=2: a call
-  -- that does not use it fails), and the persistent blocks where its blocks
-  -- would fill under half a wave: 64 sequences, 128 blocks of four head
-  -- tiles on 264 slots (docs/planner.md).
-  local function mid_decode(name, B, dtype, hw_env)
+  -- Units of 256-511 keys: a warp a head tile (decode_hw 2, and the plan must
+  -- show it), and the persistent blocks where its blocks would fill under
+  -- half a wave: 64 sequences, 128 blocks of four head tiles on 264 slots
+  -- (docs/planner.md).
+  local function mid_decode(name, B, dtype, hw)
     local seed = H.seed(name)
     local rng = ref.rng(seed)
     if small then B = 6 end
@@ -199,12 +201,13 @@ describe("#gpu CUDA against the CPU backend at serving sizes", function()
     for b = 1, B do s.keys[b] = rng:int(256, 511) end
     s.cached = { unpack(s.keys) }
     paged_spec(rng, s)
-    H.with_env({ PAGEDATTN_DECODE_HW = not small and hw_env or false }, function()
+    G.with_tuning(dev, { decode_hw = hw and not small and 2 or 1 }, function()
       compare(name, s, { b = 0, nq = 1, nk = s.keys[1] })
+      if hw and not small then G.expect_plan(dev, "a warp a head tile", "decode_mma [^\n]* hw=1") end
     end)
   end
-  it("#gpu decode of 240 x 256-511 keys, bf16, page 16: a warp a head tile (PAGEDATTN_DECODE_HW=2)", function()
-    mid_decode("decode 256-511 keys, hw", 240, "bf16", "2")
+  it("#gpu decode of 240 x 256-511 keys, bf16, page 16: a warp a head tile (decode_hw)", function()
+    mid_decode("decode 256-511 keys, hw", 240, "bf16", true)
   end)
   it("#gpu decode of 64 x 256-511 keys, f16, page 16: persistent blocks (warp-a-tile under 0.5 waves)", function()
     mid_decode("decode 256-511 keys, persistent", 64, "f16", false)

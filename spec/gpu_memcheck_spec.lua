@@ -107,51 +107,63 @@ describe("#gpu #memcheck paged addressing: duplicates, batch > 32, pools beyond 
   end
 
   -- (persistent blocks, 320 units over 132 or 264 blocks: of four warps and
-  -- of eight, PAGEDATTN_DECODE_WIDE=2, which gives every persistent plan
-  -- eight; HW=0: units averaging under 512 keys could go to the warp-a-tile
-  -- blocks)
+  -- of eight, decode_wide 2, which gives every persistent plan eight where
+  -- they fit (sm_90); decode_hw 0: units averaging under 512 keys could go to
+  -- the warp-a-tile blocks)
   it("#gpu decode, batch 40, random pages with duplicates, many above 2^31 elements", function()
     local pr = big_decode(H.seed("gpu memcheck decode"), 40, 64, 48, 1)
-    for _, wide in ipairs({ "0", "2" }) do
-      H.with_env({ PAGEDATTN_DECODE_WIDE = wide, PAGEDATTN_DECODE_HW = "0" }, function()
+    for _, wide in ipairs({ 0, 2 }) do
+      G.with_tuning(dev, { decode_wide = wide, decode_hw = 0 }, function()
         for _, splits in ipairs({ 0, 3 }) do
           pr.g[4].num_splits, pr.c[4].num_splits = splits, splits
           compare_decode(pr, "splits " .. splits .. ", wide " .. wide)
+          if wide == 2 and G.cc_major(dev) >= 9 then
+            G.expect_plan(dev, "eight warps", "persist=1 minb=%d+ hw=0 nw=4", true)
+          end
         end
       end)
     end
   end)
 
   -- one block per unit, splits of 1024 keys claiming their tile's keys past
-  -- their first 8 stages (PAGEDATTN_DECODE_CLAIM=2: a call that would not
-  -- claim fails); more blocks than a wave, so late blocks find their tile's
-  -- keys taken
+  -- their first 8 stages (the plan must show the claims); more blocks than a
+  -- wave, so late blocks find their tile's keys taken
   it("#gpu decode, batch 36, splits claiming their keys, duplicate pages above 2^31 elements", function()
     local pr = big_decode(H.seed("gpu memcheck claims"), 36, 200, 64, 2000)
-    local env = { PAGEDATTN_DECODE_PERSIST = "0", PAGEDATTN_SPLIT_CHUNK = "1024", PAGEDATTN_DECODE_CLAIM = "2",
-      PAGEDATTN_DECODE_CLAIM_MIN = "0" }
-    H.with_env(env, function()
+    G.with_tuning(dev, { decode_persist = 0, split_chunk = 1024, decode_claim_min = 0 }, function()
       -- (the second call finds the claim counters reset)
-      for rep = 1, 2 do compare_decode(pr, "claims, call " .. rep) end
+      for rep = 1, 2 do
+        compare_decode(pr, "claims, call " .. rep)
+        G.expect_plan(dev, "claims", "decode_mma [^\n]*claims=1")
+      end
     end)
   end)
 
   -- short (< 256 keys) and long sequences in one call: two launches, the
-  -- long ones on persistent blocks, the short ones a block per unit
-  -- (PAGEDATTN_DECODE_SPLIT_SHORT=2: a call that is not split fails)
+  -- long ones on persistent blocks, the short ones a block per unit (the
+  -- plan must show both)
   it("#gpu decode, batch 100 of short and long sequences in two launches, pages above 2^31 elements", function()
     local pr = big_decode(H.seed("gpu memcheck split"), 100, 64, 64, 0, function(rng, b)
       return b <= 40 and rng:int(256, 64 * PS) or rng:int(0, 255)
     end)
-    H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2" }, function() compare_decode(pr, "short and long") end)
-    -- the short ones unsplit (SPLIT_CHUNK), each block's four warps on a
-    -- head tile of their own (HW=2: however few its blocks; a call that
-    -- does not run so fails), one block a unit, and persistent blocks, five
-    -- of them taking every unit (the long part's five too)
-    for _, persist in ipairs({ "0", "2" }) do
-      H.with_env({ PAGEDATTN_DECODE_SPLIT_SHORT = "2", PAGEDATTN_DECODE_HW = "2", PAGEDATTN_SPLIT_CHUNK = "100000",
-        PAGEDATTN_DECODE_HW_PERSIST = persist, PAGEDATTN_DECODE_BLOCKS = persist == "2" and "5" or nil },
-        function() compare_decode(pr, "short and long, a warp a head tile, persistent " .. persist) end)
+    local function two_launches(what)
+      G.expect_plan(dev, what .. ": the short sequences' launch", "keys=0%.%.256\n")
+      G.expect_plan(dev, what .. ": the long sequences' launch", "keys=256%.%.0\n")
+    end
+    compare_decode(pr, "short and long")
+    two_launches("short and long")
+    -- the short ones unsplit (split_chunk), each block's four warps on a
+    -- head tile of their own (decode_hw 2: however few its blocks), one block
+    -- a unit, and persistent blocks, five of them taking every unit (the long
+    -- part's five too)
+    for _, persist in ipairs({ 0, 2 }) do
+      G.with_tuning(dev, { decode_hw = 2, split_chunk = 100000, decode_hw_persist = persist,
+        decode_max_blocks = persist == 2 and 5 or 0 }, function()
+        local what = "short and long, a warp a head tile, persistent " .. persist
+        compare_decode(pr, what)
+        two_launches(what)
+        G.expect_plan(dev, what, "decode_mma [^\n]* hw=1")
+      end)
     end
   end)
 

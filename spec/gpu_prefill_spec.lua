@@ -352,8 +352,8 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
   -- kernel): page boxes (tma=2: a page's rows, every column, in one box; 2
   -- to 16 8-row groups a box) at pages 16 to 256 and head dims 64 / 128 /
   -- 256, appended or cached keys, duplicate pages; the box per 64 columns
-  -- (PAGEDATTN_PREFILL_PAGE_BOXES=0) at pages 16 and 256; and the cp.async
-  -- gather (pages of 48: no TMA).
+  -- (prefill_page_boxes 0) at pages 16 and 256; and the cp.async gather
+  -- (pages of 48: no TMA). On Hopper the plan must show each.
   it("#gpu ws TMA boxes (forced ws): page boxes at pages 16-256, D 64/128/256; boxes of 64 columns; gather", function()
     local list = {
       { Sq = 170, Sk = 207, page = 16, dup = true, B = 3 },
@@ -369,8 +369,13 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
     for i, f in ipairs(list) do
       local boxes = f.boxes or "1"
       f.boxes = nil
-      H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws", PAGEDATTN_PREFILL_PAGE_BOXES = boxes }, function()
+      local tma = f.page == 48 and "tma=0" or boxes == "0" and "tma=1" or "tma=2"
+      local prefill = f.Sq > 8 -- (7 queries a sequence: a decode kernel's)
+      G.with_tuning(dev, { prefill_kernel = "ws", prefill_page_boxes = tonumber(boxes) }, function()
         compare(kv_case("prefill ws boxes=" .. boxes, i, f))
+        if prefill and G.cc_major(dev) == 9 then
+          G.expect_plan(dev, "prefill_ws, " .. tma, "prefill_ws [^\n]*" .. tma)
+        end
       end)
     end
   end)
@@ -396,8 +401,9 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
     for i, f in ipairs(list) do
       local ws = f.ws
       f.ws, f.nan_tail = nil, true
-      H.with_env({ PAGEDATTN_PREFILL_KERNEL = ws and "ws" or false }, function()
+      G.with_tuning(dev, { prefill_kernel = ws and "ws" or "auto" }, function()
         compare(kv_case("prefill NaN past the keys" .. (ws and " (ws)" or ""), i, f))
+        if ws and G.cc_major(dev) == 9 then G.expect_plan(dev, "prefill_ws", "prefill_ws ") end
       end)
     end
   end)
@@ -488,12 +494,13 @@ describe("#gpu prefill on CUDA against the CPU backend", function()
       { Sq = 96, Sk = 160, causal = true, B = 4 },
     }
     for i, f in ipairs(list) do
-      H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws" }, function()
+      G.with_tuning(dev, { prefill_kernel = "ws" }, function()
         compare(kv_case("prefill ws schedule", i, f))
+        if G.cc_major(dev) == 9 then G.expect_plan(dev, "prefill_ws", "prefill_ws ") end
       end)
     end
-    for _, order in ipairs({ "0", "1" }) do
-      H.with_env({ PAGEDATTN_PREFILL_KERNEL = "ws", PAGEDATTN_PREFILL_ORDER = order }, function()
+    for _, order in ipairs({ 0, 1 }) do
+      G.with_tuning(dev, { prefill_kernel = "ws", prefill_order = order }, function()
         compare(mixed_case("prefill ws schedule varlen order=" .. order, false))
       end)
     end

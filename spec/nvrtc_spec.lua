@@ -48,6 +48,27 @@ describe("NVRTC kernel compilation", function()
     end)
   end
 
+  -- the variants the planner picks for the reference workload (bf16, 32 / 8
+  -- heads of 128; decode and prefill at pages of 16, 256 and contiguous), as
+  -- the library lists them for precompile: the bench's kernels compile
+  it("compiles the planner's variants of the reference workload for sm_90a", function()
+    local tuning = require "pagedattn.tuning"
+    local failed, n = {}, 0
+    for _, page in ipairs({ 16, 256, 0 }) do
+      for _, q in ipairs({ 1, 2048 }) do
+        local names = assert(tuning.variants_for({ dtype = "bf16", head_dim = 128, heads = 32, kv_heads = 8,
+          page_size = page, seqlen_q = q }, nil, "sm_90a"))
+        for _, name in ipairs(names) do
+          n = n + 1
+          local s, e = compile(name, "sm_90a", false)
+          if s ~= 0 then failed[#failed + 1] = name .. ": " .. e end
+        end
+      end
+    end
+    assert.is_true(n >= 20)
+    assert(#failed == 0, table.concat(failed, "\n\n"))
+  end)
+
   it("rejects malformed variant names, saying what is wrong", function()
     local cases = {
       { "decode dtype=bf16", "D= missing" },

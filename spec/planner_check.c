@@ -1,11 +1,13 @@
 /*
- * spec/planner_check.c -- the CUDA backend's work planner on the host
+ * spec/planner_check.c -- the CUDA backend's planner on the host
  * (spec/planner_spec.lua builds and runs it; CI has no GPU, and the planner
- * is host code). It includes src/cuda/cuda_attention.c, links with the
- * library's other objects, and plans random problems with plan_rule and
- * plan_items: random query tiles (empty ones too), key-stage sizes, page-id
- * caps, head tiles, capacities, split models, guided pieces, claims, forced
- * chunks and num_splits. For each it checks what the kernels rely on:
+ * is host code). It links with the library's objects (src/cuda/cuda_planner.h
+ * is the planner's interface) and
+ *
+ * 1. plans random problems with pa_plan_rule and pa_plan_items: random query
+ * tiles (empty ones too), key-stage sizes, page-id caps, head tiles,
+ * capacities, split models, guided pieces, claims, forced chunks and
+ * num_splits. For each it checks what the kernels rely on:
  *   - counting (no items) and writing give the same list, rows and counters;
  *   - each tile's items are consecutive, splits 0..n-1 of n, its sequence
  *     and query tile; an empty tile is one empty item at its start;
@@ -17,14 +19,29 @@
  *     claims), and the total is the plan's;
  *   - a sequence with a split tile has partial rows for its widest split,
  *     placed after the previous such sequences; the total is the plan's;
- *   - write_part's list (claiming splits reordered split-major) holds the
- *     same items as plan_items', each once;
+ *   - pa_plan_order's list (claiming splits reordered split-major) holds
+ *     the same items as pa_plan_items', each once;
  *   - the warp-a-tile blocks run persistent on the shapes where that was
- *     measured faster, and only there (hw_persist_pays).
+ *     measured faster, and only there (pa_hw_persist_pays).
+ * 2. plans whole calls with pa_cuda_plan_make, the kernels' facts from
+ * spec/fake_kernels.h, and checks the kernel each chooses and how it cuts
+ * the work, with the tuning at its defaults and with fields set: the checks
+ * that specs once made by turning a missed heuristic into an error of the
+ * library (claims, a warp a head tile, eight-warp blocks, short and long
+ * sequences as two launches), now here (choice_checks below); and on random
+ * calls, that every kernel a plan launches is one pa_cuda_plan_variants lists
+ * for its shape (what scripts/precompile.lua compiles ahead).
+ * 3. checks the variant table's catalog: each name parses and names back the
+ * same, none twice, every kind; and the partial rules the planner asks.
  * Usage: planner_check SEED PROBLEMS. Prints "N problems, M items: ok", or
  * the first violation (and exits 1).
  */
-#include "../src/cuda/cuda_attention.c"
+#include "../src/cuda/cuda_planner.h"
+#include "../src/cuda/cuda_tuning.h"
+#include "fake_kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 static uint64_t rs;
 static uint64_t rnd(void) {
@@ -50,6 +67,519 @@ static int problem;
         }                                                                    \
     } while (0)
 
+/* ---- 2. whole calls: the kernel chosen and how the work is cut ---- */
+
+/* A call: B sequences of q[b] queries over k[b] keys, H / Hk heads of dim D,
+ * pages of `page` tokens (0: a contiguous cache), causal or not. */
+typedef struct call {
+    pa_attn_problem p;
+    int32_t *sq, *sk, *num_new, *append_pos, *bt;
+    int64_t *q_start, *lse_start, *new_row;
+} call;
+
+static void call_make(call *c, int B, const int32_t *q, const int32_t *k, pa_dtype dt, int H, int Hk, int D, int page,
+                      bool causal) {
+    memset(c, 0, sizeof *c);
+    c->sq = calloc((size_t)B, 4);
+    c->sk = calloc((size_t)B, 4);
+    c->num_new = calloc((size_t)B, 4);
+    c->append_pos = calloc((size_t)B, 4);
+    c->q_start = calloc((size_t)B, 8);
+    c->lse_start = calloc((size_t)B, 8);
+    c->new_row = calloc((size_t)B, 8);
+    int32_t max_k = 1;
+    int64_t total_q = 0;
+    for (int b = 0; b < B; b++) {
+        c->sq[b] = q[b];
+        c->sk[b] = k[b];
+        c->q_start[b] = total_q;
+        c->lse_start[b] = total_q * H;
+        total_q += q[b];
+        if (k[b] > max_k) max_k = k[b];
+    }
+    pa_attn_problem *p = &c->p;
+    p->dtype = dt;
+    p->batch = B;
+    p->heads = H;
+    p->kv_heads = Hk;
+    p->group = H / Hk;
+    p->head_dim = D;
+    p->total_q = total_q;
+    p->q = p->out = p->k_cache = p->v_cache = (void *)(uintptr_t)0x100000;
+    p->scale = 1.0f;
+    p->window_left = -1;
+    p->window_right = causal ? 0 : -1;
+    p->causal = causal;
+    p->paged = page > 0;
+    p->page_size = page > 0 ? page : max_k;
+    const int64_t width = page > 0 ? (max_k + page - 1) / page : 1;
+    p->num_pages = page > 0 ? width * B : B;
+    if (page > 0) {
+        c->bt = calloc((size_t)(width * B), 4);
+        for (int64_t i = 0; i < width * B; i++) c->bt[i] = (int32_t)((i * 7919) % (width * B));
+        p->block_table = c->bt;
+        p->h_block_table = c->bt;
+        p->bt_stride = width;
+    }
+    p->h_seqlen_q = c->sq;
+    p->h_seqlen_k = c->sk;
+    p->h_num_new = c->num_new;
+    p->h_append_pos = c->append_pos;
+    p->h_q_start = c->q_start;
+    p->h_lse_start = c->lse_start;
+    p->h_new_start_row = c->new_row;
+    p->lse_head_stride = total_q;
+}
+
+static void call_free(call *c) {
+    free(c->sq);
+    free(c->sk);
+    free(c->num_new);
+    free(c->append_pos);
+    free(c->q_start);
+    free(c->lse_start);
+    free(c->new_row);
+    free(c->bt);
+}
+
+/* the kernels' facts: spec/fake_kernels.h; their names kept until the end */
+static char *names[4096];
+static int nnames;
+static pa_status fake_load(void *user, pa_context *ctx, const char *variant, pa_cuda_loaded *out) {
+    (void)user;
+    (void)ctx;
+    out->name = NULL;
+    for (int i = 0; i < nnames && !out->name; i++)
+        if (strcmp(names[i], variant) == 0) out->name = names[i];
+    if (!out->name) {
+        CHECK(nnames < 4096, "too many variants");
+        out->name = names[nnames++] = strdup(variant);
+    }
+    out->module = NULL;
+    fake_info(variant, out->info);
+    return PA_OK;
+}
+static pa_status fake_occupancy(void *user, pa_context *ctx, const pa_cuda_loaded *k, const char *entry, int threads,
+                                int smem, void **fn, int *blocks) {
+    (void)user;
+    (void)ctx;
+    (void)entry;
+    *fn = (void *)k->name;
+    *blocks = fake_blocks_per_sm(k->name, threads, smem, 0);
+    return PA_OK;
+}
+static const pa_cuda_kernels fake = {NULL, fake_load, fake_occupancy};
+static const pa_cuda_caps H100 = {132, 9, 227 * 1024, true, true, true};
+static const pa_cuda_caps A100 = {108, 8, 163 * 1024, false, true, true};
+
+static const char *check_name;
+#define EXPECT(cond, ...)                                                    \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            printf("%s: %s: ", check_name, #cond);                           \
+            printf(__VA_ARGS__);                                             \
+            printf("\n");                                                    \
+            exit(1);                                                         \
+        }                                                                    \
+    } while (0)
+
+/* Every variant a default-tuning plan launches is among those
+ * pa_cuda_plan_variants lists for its shape (what scripts/precompile.lua
+ * compiles ahead). */
+typedef struct listed {
+    char names[64][160];
+    int n;
+} listed;
+static void list_one(void *user, const char *name) {
+    listed *l = user;
+    if (l->n < 64) snprintf(l->names[l->n++], sizeof l->names[0], "%s", name);
+}
+static void expect_listed(const call *c, const pa_cuda_caps *caps, const pa_cuda_plan *plan) {
+    pa_cuda_tuning t;
+    pa_cuda_tuning_set_defaults(&t);
+    listed *l = calloc(1, sizeof *l);
+    for (int i = 0; i < plan->nparts; i++) {
+        /* (a decode part's query tile is its sequences' longest, rounded up: the same kernel) */
+        const pa_kernel_shape shape = {c->p.dtype, c->p.head_dim, c->p.heads, c->p.kv_heads,
+                                       c->p.paged ? c->p.page_size : 0,
+                                       plan->parts[i].kind == PA_PART_DECODE ? plan->parts[i].kp.q_tile : 9,
+                                       c->p.softcap > 0.f || c->p.alibi || !(c->p.scale > 0.f), c->p.rotary_cos != NULL};
+        l->n = 0;
+        EXPECT(pa_cuda_plan_variants(NULL, &shape, &t, caps, list_one, l) == PA_OK, "variants");
+        bool found = false;
+        for (int j = 0; j < l->n; j++) found = found || strcmp(l->names[j], plan->parts[i].kp.variant) == 0;
+        EXPECT(found, "%s is not among the %d variants listed for its shape", plan->parts[i].kp.variant, l->n);
+    }
+    free(l);
+}
+
+/* Plans a call of B sequences of q queries and k keys (each), with tuning
+ * t (NULL: the defaults); the plan stays for the caller's checks. */
+static void plan_of(const char *name, call *c, const pa_cuda_caps *caps, const pa_cuda_tuning *t, pa_cuda_plan *plan) {
+    check_name = name;
+    pa_cuda_tuning d;
+    pa_cuda_tuning_set_defaults(&d);
+    pa_context *ctx = NULL;
+    EXPECT(pa_context_create(&ctx) == PA_OK, "context");
+    const pa_status st = pa_cuda_plan_make(ctx, &c->p, caps, t ? t : &d, &fake, plan);
+    EXPECT(st == PA_OK, "%s", pa_context_error(ctx));
+    pa_context_destroy(ctx);
+    if (!t) expect_listed(c, caps, plan);
+}
+
+static bool has(const pa_plan_part *pt, const char *what) { return strstr(pt->kp.variant, what) != NULL; }
+
+/* Uniform batches: B sequences of q queries and k keys. */
+static void uniform(call *c, int B, int32_t q, int32_t k, pa_dtype dt, int D, int page, bool causal) {
+    int32_t *qs = malloc(4 * (size_t)B), *ks = malloc(4 * (size_t)B);
+    for (int b = 0; b < B; b++) {
+        qs[b] = q;
+        ks[b] = k;
+    }
+    call_make(c, B, qs, ks, dt, 32, 8, D, page, causal);
+    free(qs);
+    free(ks);
+}
+
+/* ---- 3. the variant table's catalog ---- */
+
+static void catalog_checks(void) {
+    check_name = "catalog";
+    pa_context *ctx = NULL;
+    EXPECT(pa_context_create(&ctx) == PA_OK, "context");
+    const int n = pa_cuda_kernel_catalog_size();
+    int per_kind[PA_VK_COUNT] = {0};
+    EXPECT(n >= 70 && n <= 160, "%d variants", n);
+    for (int i = 0; i < n; i++) {
+        const char *name = pa_cuda_kernel_catalog_name(i);
+        pa_variant v;
+        EXPECT(pa_variant_parse(ctx, name, &v) == PA_OK, "%s: %s", name, pa_context_error(ctx));
+        char again[192];
+        EXPECT(pa_variant_name(&v, again, sizeof again) && strcmp(again, name) == 0, "%s names back as %s", name, again);
+        for (int j = 0; j < i; j++) EXPECT(strcmp(pa_cuda_kernel_catalog_name(j), name) != 0, "%s twice", name);
+        per_kind[v.kind]++;
+    }
+    for (int k = 0; k < PA_VK_COUNT; k++) EXPECT(per_kind[k] > 0, "no %s variant", pa_variant_kind_name((pa_vkind)k));
+    EXPECT(pa_cuda_kernel_catalog_name(n) == NULL && pa_cuda_kernel_catalog_name(-1) == NULL, "out of range");
+    /* the rules, partially set: what the planner asks */
+    pa_variant v = pa_variant_of(PA_VK_DECODE_MMA);
+    pa_variant_set(pa_variant_set(&v, PA_KEY_D, 96), PA_KEY_KPW, 16);
+    EXPECT(!pa_variant_allows(&v), "kpw 16 at head dim 96");
+    pa_variant_set(&v, PA_KEY_D, 256); /* (the tensor-core rule reads dtype too: not set, not asked) */
+    EXPECT(pa_variant_allows(&v), "kpw 16 at head dim 256, dtype unset");
+    pa_variant w = pa_variant_of(PA_VK_PREFILL_WS);
+    pa_variant_set(&w, PA_KEY_D, 128);
+    EXPECT(pa_variant_clamp(&w, PA_KEY_STAGES, 8) == 3 && pa_variant_clamp(&w, PA_KEY_STAGES, 2) == 2, "ws stages");
+    pa_variant_set(&w, PA_KEY_D, 64);
+    EXPECT(pa_variant_clamp(&w, PA_KEY_STAGES, 8) == 4, "ws stages at 64");
+    w = pa_variant_of(PA_VK_PREFILL_WGMMA);
+    EXPECT(pa_variant_clamp(&w, PA_KEY_STAGES, 2) == 3, "wgmma stages");
+    EXPECT(pa_variant_key_max(PA_VK_DECODE, PA_KEY_NQ) == 8 && pa_variant_key_max(PA_VK_PREFILL, PA_KEY_GT) == 16,
+           "maxima");
+    EXPECT(pa_variant_page_key(false, 7) == PA_PAGE_CONTIG && pa_variant_page_key(true, 48) == PA_PAGE_ANY &&
+               pa_variant_page_key(true, 64) == 64 && pa_variant_page_key(true, 1 << 21) == PA_PAGE_ANY,
+           "page keys");
+    pa_context_destroy(ctx);
+}
+
+static void choice_checks(void) {
+    call c;
+    pa_cuda_plan plan;
+    pa_cuda_tuning t;
+    problem = -2;
+
+    /* decode of long sequences: persistent blocks of eight warps where their
+     * shared memory fits; four where it does not (A100) or decode_wide 0 */
+    uniform(&c, 64, 1, 4096, PA_BF16, 128, 16, false);
+    plan_of("decode 64 x 4096", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "decode_mma ") && has(&plan.parts[0], "persist=1") &&
+               has(&plan.parts[0], "nw=8") && plan.parts[0].blocks <= plan.parts[0].kp.capacity,
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_wide = 0;
+    plan_of("decode 64 x 4096, decode_wide 0", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=4"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    t.decode_wide = 2;
+    plan_of("decode 64 x 4096 on an A100, decode_wide 2", &c, &A100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=4"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    t.decode_max_blocks = 5;
+    plan_of("decode 64 x 4096, decode_max_blocks 5", &c, &H100, &t, &plan);
+    EXPECT(plan.parts[0].kp.persistent && plan.parts[0].blocks == 5, "%lld blocks", (long long)plan.parts[0].blocks);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    /* eight warps at any length with decode_wide 2 (four by default at 512 keys) */
+    uniform(&c, 64, 1, 512, PA_BF16, 128, 16, false);
+    plan_of("decode 64 x 512", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=4"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_wide = 2;
+    plan_of("decode 64 x 512, decode_wide 2", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=8"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
+    /* few long paged sequences: one block a unit, the splits claim their
+     * keys; not with decode_claim 0, nor where a split is under claim_min */
+    uniform(&c, 8, 1, 32768, PA_BF16, 128, 16, false);
+    plan_of("decode 8 x 32768", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "persist=0") && plan.parts[0].rule.claims &&
+               plan.parts[0].part_rows > 0,
+           "%s claims %d", plan.parts[0].kp.variant, plan.parts[0].rule.claims);
+    EXPECT(plan.parts[0].ncounters == 2 * 8 * 8 && plan.ncounters == plan.parts[0].ncounters,
+           "%lld counters", (long long)plan.parts[0].ncounters);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_persist = 0;
+    t.split_chunk = 1024;
+    t.decode_claim_min = 0;
+    plan_of("decode 8 x 32768, chunks of 1024, claim_min 0", &c, &H100, &t, &plan);
+    EXPECT(plan.parts[0].rule.claims && plan.parts[0].rule.base == 1024, "claims %d, base %lld",
+           plan.parts[0].rule.claims, (long long)plan.parts[0].rule.base);
+    pa_cuda_plan_free(&plan);
+    t.decode_claim = 0;
+    plan_of("decode 8 x 32768, decode_claim 0", &c, &H100, &t, &plan);
+    EXPECT(!plan.parts[0].rule.claims && plan.parts[0].part_rows > 0, "claims %d", plan.parts[0].rule.claims);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_claim_min = 16384;
+    plan_of("decode 8 x 32768, claim_min 16384", &c, &H100, &t, &plan);
+    EXPECT(!plan.parts[0].rule.claims, "claims %d", plan.parts[0].rule.claims);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    /* contiguous caches keep fixed ranges */
+    uniform(&c, 8, 1, 32768, PA_BF16, 128, 0, false);
+    plan_of("decode 8 x 32768 contiguous", &c, &H100, NULL, &plan);
+    EXPECT(!plan.parts[0].rule.claims && plan.parts[0].part_rows > 0, "claims %d", plan.parts[0].rule.claims);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
+    /* short and long sequences: two launches, the short ones' started in the
+     * long ones' tail on sm_90 */
+    {
+        int32_t q[576], k[576];
+        for (int b = 0; b < 576; b++) {
+            q[b] = 1;
+            k[b] = b < 64 ? 4096 : 64;
+        }
+        call_make(&c, 576, q, k, PA_BF16, 32, 8, 128, 16, false);
+    }
+    plan_of("decode 64 x 4096 + 512 x 64", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 2 && plan.parts[0].key_lo == 256 && plan.parts[1].key_hi == 256 && plan.parts[1].overlap &&
+               !plan.parts[0].overlap && plan.parts[0].nwork + plan.parts[1].nwork == plan.nwork,
+           "%d parts", plan.nparts);
+    EXPECT(plan.parts[1].kp.short_kernel && !plan.parts[1].kp.persistent, "%s", plan.parts[1].kp.variant);
+    pa_cuda_plan_free(&plan);
+    plan_of("decode 64 x 4096 + 512 x 64 on an A100", &c, &A100, NULL, &plan);
+    EXPECT(plan.nparts == 2 && !plan.parts[1].overlap, "%d parts", plan.nparts);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_split_short = 0;
+    plan_of("decode 64 x 4096 + 512 x 64, decode_split_short 0", &c, &H100, &t, &plan);
+    EXPECT(plan.nparts == 1, "%d parts", plan.nparts);
+    pa_cuda_plan_free(&plan);
+    t.decode_split_short = 1;
+    t.decode_overlap = 0;
+    plan_of("decode 64 x 4096 + 512 x 64, decode_overlap 0", &c, &H100, &t, &plan);
+    EXPECT(plan.nparts == 2 && !plan.parts[1].overlap, "%d parts", plan.nparts);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
+    /* units of 256-511 keys: a warp a head tile, 16 keys a warp; not with
+     * decode_hw 0; persistent with decode_hw_persist 2 */
+    {
+        int32_t q[240], k[240];
+        for (int b = 0; b < 240; b++) {
+            q[b] = 1;
+            k[b] = 256 + (b * 37) % 256;
+        }
+        call_make(&c, 240, q, k, PA_BF16, 32, 8, 128, 16, false);
+    }
+    plan_of("decode 240 x 256-511", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "kpw=16") && has(&plan.parts[0], "hw=1") &&
+               has(&plan.parts[0], "persist=0") && plan.parts[0].blocks * 4 == plan.parts[0].nwork * 8,
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_hw = 0;
+    plan_of("decode 240 x 256-511, decode_hw 0", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "hw=0") && has(&plan.parts[0], "persist=1"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_hw_persist = 2;
+    plan_of("decode 240 x 256-511, decode_hw_persist 2", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "hw=1") && has(&plan.parts[0], "persist=1") && plan.parts[0].kp.persistent,
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    /* under half a wave of warp-a-tile blocks: not by default, yes with decode_hw 2 */
+    uniform(&c, 20, 1, 300, PA_BF16, 128, 16, false);
+    plan_of("decode 20 x 300", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "hw=0") && has(&plan.parts[0], "persist=0"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_hw = 2;
+    plan_of("decode 20 x 300, decode_hw 2", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "hw=1"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
+    /* decode kernels by dtype and tuning: CUDA cores for f32 and with
+     * decode_kernel simt, the fallback kernel with fallback 1 */
+    uniform(&c, 4, 1, 1000, PA_F32, 128, 16, false);
+    plan_of("decode f32", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "decode dtype=f32 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 4, 2, 1000, PA_BF16, 96, 0, false);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_kernel = 1;
+    plan_of("decode D 96, decode_kernel simt", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "decode dtype=bf16 D=96 nq=2 gt=4 page=contig stages=4 maxp=1024"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.fallback = 1;
+    plan_of("decode, fallback 1", &c, &H100, &t, &plan);
+    EXPECT(plan.nparts == 1 && plan.parts[0].kind == PA_PART_FALLBACK && has(&plan.parts[0], "fallback dtype=bf16"),
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
+    /* prefill on Hopper: prefill_ws with page boxes (paged) or boxes of 64
+     * columns (contiguous); wgmma where TMA does not apply or the tiles do
+     * not fill the GPU; mma.sync elsewhere */
+    uniform(&c, 4, 2048, 2048, PA_BF16, 128, 16, true);
+    plan_of("prefill 4 x 2048", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=2") &&
+               plan.parts[0].kp.tma_rows == 16 && plan.parts[0].boxes0 == 0 && plan.nboxed == plan.nwork &&
+               plan.parts[0].part_rows == 0,
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.prefill_page_boxes = 0;
+    t.prefill_first_boxes = 0;
+    plan_of("prefill 4 x 2048, page boxes 0", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "tma=1") && plan.parts[0].boxes0 < 0, "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    t.prefill_tma = 0;
+    plan_of("prefill 4 x 2048, tma 0", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_wgmma dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    t.prefill_kernel = 1;
+    plan_of("prefill 4 x 2048, tma 0, kernel ws", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_ws") && has(&plan.parts[0], "tma=0") && plan.parts[0].kp.tma_rows == 0, "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.prefill_kernel = 3;
+    t.prefill_stages = 8;
+    plan_of("prefill 4 x 2048, kernel mma, stages 8", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "prefill dtype=bf16 D=128 gt=4 page=16 stages=4 natural=0 minb=2"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    t.prefill_kernel = 0;
+    plan_of("prefill 4 x 2048, stages 8", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_ws") && has(&plan.parts[0], "stages=3"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    plan_of("prefill 4 x 2048 on an A100", &c, &A100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 1, 8192, 8192, PA_BF16, 128, 0, true);
+    plan_of("prefill 8192 contiguous", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_ws") && has(&plan.parts[0], "page=contig") && has(&plan.parts[0], "tma=1") &&
+               plan.parts[0].kp.tma_rows == 128 && plan.parts[0].boxes0 < 0,
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 4, 2048, 2048, PA_BF16, 128, 8, true);
+    plan_of("prefill at page 8", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_wgmma") && has(&plan.parts[0], "page=8"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 1, 64, 4096, PA_BF16, 128, 16, true);
+    plan_of("prefill of two query tiles", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_wgmma") && plan.parts[0].part_rows > 0, "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.prefill_kernel = 1;
+    plan_of("prefill of two query tiles, kernel ws", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "prefill_ws") && plan.parts[0].part_rows == 0, "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 2, 40, 100, PA_F32, 64, 16, true);
+    plan_of("prefill f32", &c, &H100, NULL, &plan);
+    EXPECT(plan.parts[0].kind == PA_PART_FALLBACK && has(&plan.parts[0], "fallback dtype=f32"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    /* a mixed varlen batch: each part on its kernel */
+    {
+        int32_t q[6] = {512, 1, 1, 300, 1, 1}, k[6] = {4608, 4096, 4096, 4396, 4096, 4096};
+        call_make(&c, 6, q, k, PA_BF16, 32, 8, 128, 16, true);
+    }
+    plan_of("mixed batch", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 2 && plan.parts[0].kind == PA_PART_DECODE && plan.parts[1].kind == PA_PART_PREFILL &&
+               plan.parts[1].work0 == plan.parts[0].nwork,
+           "%d parts", plan.nparts);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
+    /* random calls: every kernel a default plan launches is listed for its
+     * shape (pa_cuda_plan_variants, what scripts/precompile.lua compiles) */
+    static const int dims[] = {128, 64, 256, 96, 80, 40, 32, 16, 8};
+    static const int pages[] = {16, 1, 3, 8, 32, 256, 0};
+    static const int lens[] = {1, 33, 64, 100, 256, 300, 511, 1024, 4096, 32768};
+    for (int i = 0; i < 400; i++) {
+        const int B = (int)ri(1, rnd() % 4 ? 64 : 700), G = (int)(1u << ri(0, 3)), Hk = (int)ri(1, 8);
+        int32_t *q = malloc(4 * (size_t)B), *k = malloc(4 * (size_t)B);
+        const int32_t qa = (int32_t)(rnd() % 3 ? ri(1, 8) : ri(9, 700)), ka = lens[rnd() % 10], kb = lens[rnd() % 10];
+        for (int b = 0; b < B; b++) {
+            q[b] = rnd() % 4 ? qa : (int32_t)ri(1, 12);
+            k[b] = rnd() % 3 ? ka : kb;
+        }
+        call_make(&c, B, q, k, (pa_dtype)(rnd() % 3), G * Hk, Hk, dims[rnd() % 9], pages[rnd() % 7], rnd() & 1);
+        char label[64];
+        snprintf(label, sizeof label, "random call %d", i);
+        plan_of(label, &c, rnd() % 3 ? &H100 : &A100, NULL, &plan);
+        pa_cuda_plan_free(&plan);
+        call_free(&c);
+        free(q);
+        free(k);
+    }
+
+    /* the tuning's check names the field */
+    check_name = "tuning check";
+    pa_context *ctx = NULL;
+    EXPECT(pa_context_create(&ctx) == PA_OK, "context");
+    pa_cuda_tuning_set_defaults(&t);
+    EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_OK, "defaults: %s", pa_context_error(ctx));
+    t.decode_kpw = 12;
+    EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "decode_kpw: 12"),
+           "%s", pa_context_error(ctx));
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_stages = 1;
+    EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "decode_stages: 1"),
+           "%s", pa_context_error(ctx));
+    pa_cuda_tuning_set_defaults(&t);
+    t.split_waves = 0;
+    EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "split_waves: 0"),
+           "%s", pa_context_error(ctx));
+    pa_cuda_tuning_set_defaults(&t);
+    memset(t.kernel_dir, 'x', sizeof t.kernel_dir);
+    EXPECT(pa_cuda_tuning_check(ctx, &t) == PA_ERR_ARGUMENT && strstr(pa_context_error(ctx), "kernel_dir: longer"),
+           "%s", pa_context_error(ctx));
+    pa_context_destroy(ctx);
+    for (int i = 0; i < nnames; i++) free(names[i]);
+}
+
 int main(int argc, char **argv) {
     rs = argc > 1 ? strtoull(argv[1], NULL, 10) * 2654435761u + 88172645463325252ull : 88172645463325252ull;
     const int problems = argc > 2 ? atoi(argv[2]) : 2000;
@@ -65,7 +595,7 @@ int main(int argc, char **argv) {
         p.num_splits = rnd() % 4 == 0 ? (int32_t)ri(1, 2000) : 0;
         int32_t *sq = malloc(4 * (size_t)B), *sk = malloc(4 * (size_t)B);
         int64_t *qs = malloc(8 * (size_t)B), *ls = malloc(8 * (size_t)B);
-        tile_range *tiles = malloc(sizeof *tiles * 2 * (size_t)B);
+        pa_tile_range *tiles = malloc(sizeof *tiles * 2 * (size_t)B);
         const int maxk = (int)(rnd() % 3 == 0 ? ri(1, 200) : rnd() % 2 ? ri(1, 5000) : ri(1, 300000));
         int64_t ntiles = 0;
         for (int b = 0; b < B; b++) {
@@ -76,14 +606,14 @@ int main(int argc, char **argv) {
             const int nt = (int)ri(1, 2);
             for (int i = 0; i < nt; i++) {
                 const int32_t lo = rnd() % 5 == 0 ? 0 : (int32_t)ri(0, sk[b] / 2);
-                tiles[ntiles++] = (tile_range){b, i, lo, rnd() % 9 == 0 ? lo : sk[b]};
+                tiles[ntiles++] = (pa_tile_range){b, i, lo, rnd() % 9 == 0 ? lo : sk[b]};
             }
         }
         p.h_seqlen_q = sq;
         p.h_seqlen_k = sk;
         p.h_q_start = qs;
         p.h_lse_start = ls;
-        kernel_plan kp;
+        pa_kernel_plan kp;
         memset(&kp, 0, sizeof kp);
         static const int toks[] = {8, 16, 64, 128, 3};
         kp.tokens = toks[rnd() % 5];
@@ -96,18 +626,20 @@ int main(int argc, char **argv) {
         kp.claim_stages = (int)ri(4, 10);
         kp.no_split = rnd() % 6 == 0;
         kp.persistent = rnd() & 1;
-        char v[32];
-        snprintf(v, sizeof v, "%d", (int)ri(1, 5000));
-        if (rnd() % 8 == 0) setenv("PAGEDATTN_SPLIT_CHUNK", v, 1); else unsetenv("PAGEDATTN_SPLIT_CHUNK");
-        if (rnd() % 8 == 0) setenv("PAGEDATTN_DECODE_CLAIM_MIN", "100", 1); else unsetenv("PAGEDATTN_DECODE_CLAIM_MIN");
-        const int64_t claim_min = env_int("PAGEDATTN_DECODE_CLAIM_MIN", 4096, 0, INT32_MAX);
+        pa_cuda_tuning tu;
+        pa_cuda_tuning_set_defaults(&tu);
+        const int32_t chunk = (int32_t)ri(1, 5000);
+        if (rnd() % 8 == 0) tu.split_chunk = chunk;
+        if (rnd() % 8 == 0) tu.decode_claim_min = 100;
+        const int64_t claim_min = tu.decode_claim_min;
 
-        work_rule r;
-        plan_rule(&p, &kp, tiles, ntiles, &r);
+        pa_work_rule r;
+        pa_plan_rule(&p, &kp, &tu, tiles, ntiles, &r);
         int64_t rows0, counters0, rows, counters;
-        const int64_t n = plan_items(&p, &kp, &r, tiles, ntiles, NULL, &rows0, &counters0);
+        const int64_t n = pa_plan_items(&p, &kp, &r, tiles, ntiles, NULL, &rows0, &counters0);
         pa_work *items = calloc((size_t)n + 1, sizeof *items);
-        CHECK(plan_items(&p, &kp, &r, tiles, ntiles, items, &rows, &counters) == n, "items counted and written differ");
+        CHECK(pa_plan_items(&p, &kp, &r, tiles, ntiles, items, &rows, &counters) == n,
+              "items counted and written differ");
         CHECK(rows == rows0 && counters == counters0, "rows %lld / %lld, counters %lld / %lld", (long long)rows,
               (long long)rows0, (long long)counters, (long long)counters0);
 
@@ -125,7 +657,7 @@ int main(int argc, char **argv) {
                 seq_ns = 1;
                 seq_first = i;
             }
-            const tile_range tr = tiles[t];
+            const pa_tile_range tr = tiles[t];
             const int64_t len = tr.hi - tr.lo;
             CHECK(i < n, "tile %lld has no items", (long long)t);
             const int32_t ns = items[i].nsplit;
@@ -170,8 +702,8 @@ int main(int argc, char **argv) {
         CHECK(i == n, "%lld items past the last tile", (long long)(n - i));
         CHECK(next_counter == counters, "counters %lld, want %lld", (long long)counters, (long long)next_counter);
         CHECK(next_row == rows, "partial rows %lld, want %lld", (long long)rows, (long long)next_row);
-        /* write_part: the same items (a permutation) */
-        attn_part pt;
+        /* pa_plan_order: the same items (a permutation) */
+        pa_plan_part pt;
         memset(&pt, 0, sizeof pt);
         pt.kp = kp;
         pt.rule = r;
@@ -179,11 +711,13 @@ int main(int argc, char **argv) {
         pt.ntiles = ntiles;
         pt.nwork = n;
         pa_work *order = calloc((size_t)n + 1, sizeof *order), *sorted = calloc((size_t)n + 1, sizeof *sorted);
-        write_part(&p, &pt, order);
+        void *scratch = malloc(pa_plan_order_scratch(n, B));
+        pa_plan_order(&p, &pt, true, true, scratch, order);
+        free(scratch);
         memcpy(sorted, items, sizeof *items * (size_t)n);
         qsort(sorted, (size_t)n, sizeof *sorted, by_item);
         qsort(order, (size_t)n, sizeof *order, by_item);
-        CHECK(memcmp(sorted, order, sizeof *order * (size_t)n) == 0, "write_part's items are not the plan's");
+        CHECK(memcmp(sorted, order, sizeof *order * (size_t)n) == 0, "pa_plan_order's items are not the plan's");
         free(sorted);
         free(order);
         items_total += n;
@@ -194,7 +728,7 @@ int main(int argc, char **argv) {
         free(ls);
         free(tiles);
     }
-    /* The warp-a-tile blocks' persistence (hw_persist_pays) on the shapes
+    /* The warp-a-tile blocks' persistence (pa_hw_persist_pays) on the shapes
      * measured for it (docs/planner.md): B x L at 32 query
      * heads over 8 kv heads (eight head tiles a sequence, four a block),
      * 132 SMs, 3 stages, 16 keys a warp at two blocks a SM, 8 at three */
@@ -205,11 +739,13 @@ int main(int argc, char **argv) {
         {16, 0, 256, 256, false}, {16, 2, 1024, 128, false}, {16, 1, 1024, 128, true}, {8, 0, 2048, 64, false},
     };
     for (size_t i = 0; i < sizeof hwp / sizeof hwp[0]; i++) {
-        const bool pays = hw_persist_pays(hwp[i].kpw, 3, hwp[i].kpw == 16 ? 2 : 3, hwp[i].split, hwp[i].keys,
+        const bool pays = pa_hw_persist_pays(hwp[i].kpw, 3, hwp[i].kpw == 16 ? 2 : 3, hwp[i].split, hwp[i].keys,
                                           (int64_t)hwp[i].seqs * 8 / 4, 132);
-        CHECK(pays == hwp[i].pays, "hw_persist_pays at %d keys a warp, split %d, %d x %d: %d, measured %d",
+        CHECK(pays == hwp[i].pays, "pa_hw_persist_pays at %d keys a warp, split %d, %d x %d: %d, measured %d",
               hwp[i].kpw, hwp[i].split, hwp[i].seqs, hwp[i].keys, pays, hwp[i].pays);
     }
+    choice_checks();
+    catalog_checks();
     printf("%d problems, %lld items: ok\n", problems, items_total);
     return 0;
 }

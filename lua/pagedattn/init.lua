@@ -7,6 +7,7 @@ local tensor = require "pagedattn.tensor"
 local attention = require "pagedattn.attention"
 local cache = require "pagedattn.cache"
 require "pagedattn.batch" -- adds cache:batch()
+require "pagedattn.tuning" -- adds dev:tuning(), dev:set_tuning{...}, dev:last_plan()
 
 local pa = {
   version = require("ffi").string(core.C.pa_version()),

@@ -1,8 +1,8 @@
 -- scripts/lab/decode_ab.lua "CFG|CFG|..." [WORKLOADS] [ROUNDS] -- an A/B of
 -- decode kernels or settings in one process (docs/measuring.md: the
--- method of every decode A/B). A CFG is VAR=VALUE settings
--- of the environment separated by commas ("-" for none), e.g.
--- "-|PAGEDATTN_DECODE_TAIL=0|PAGEDATTN_KERNEL_DIR=/tmp/k_old".
+-- method of every decode A/B). A CFG is field=value settings of the
+-- device's tuning separated by commas ("-" for none; pagedattn.tuning),
+-- e.g. "-|decode_wide=0|kernel_dir=/tmp/k_old".
 -- WORKLOADS: B x L, comma separated (default 256x1024,128x2048,64x4096);
 -- a "+" joins two into one batch (64x4096+512x64); a suffix "/s" makes the
 -- pages sequential, "/u" the cache unpaged (else page 16 in random order).
@@ -16,7 +16,7 @@
 -- say 0, an unwritten output inf; a config that should change nothing and
 -- does is caught here). On the GPU machine:
 --   . .gpu-deps/env.sh && . scripts/env.sh
---   luajit scripts/lab/decode_ab.lua "-|PAGEDATTN_DECODE_TAIL=0" 256x1024,64x4096
+--   luajit scripts/lab/decode_ab.lua "-|decode_kpw=8" 256x1024,64x4096
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
@@ -35,7 +35,7 @@ local gpu = dev.kind == "cuda"
 local secs = ffi.new("double[1]")
 local H, HK, D, DT = 32, 8, 128, "bf16"
 
-local configs = sweep.env_configs(cfg_arg)
+local configs = require("pagedattn.tuning").parse_configs(cfg_arg)
 
 -- A workload ("BxL[+BxL...]", a suffix /s: sequential pages, /u: unpaged):
 -- its call (its tensors live as long as it) and its out tensor.
@@ -79,7 +79,7 @@ for w in wl_arg:gmatch("[^,]+") do
   local times, diffs, first = {}, {}, nil
   for ci, cfg in ipairs(configs) do
     times[ci] = {}
-    sweep.with_env(cfg.vars, function()
+    dev:with_tuning(cfg.fields, function()
       wl.out:fill(0 / 0) -- (an output the config leaves unwritten shows as NaN)
       wl.call()
       dev:synchronize()
@@ -90,7 +90,7 @@ for w in wl_arg:gmatch("[^,]+") do
   end
   for _ = 1, rounds do
     for ci, cfg in ipairs(configs) do
-      sweep.with_env(cfg.vars, function() times[ci][#times[ci] + 1] = timed(wl) end)
+      dev:with_tuning(cfg.fields, function() times[ci][#times[ci] + 1] = timed(wl) end)
     end
   end
   for ci, cfg in ipairs(configs) do

@@ -11,10 +11,10 @@
 -- Prints per workload: the call's event time with the normal and the patched
 -- kernel, the span from the first block's start to the last one's end, the
 -- spread of each phase over the blocks, and how many blocks are active in
--- each 5 us. (PAGEDATTN_DECODE_KERNEL=mma where another decode kernel is
+-- each 5 us. (the tuning's decode_kernel "auto" where another decode kernel is
 -- the default.) A persistent block has one record over all the
 -- units it ran: its loop phase runs from its first stage to the end of its
--- last unit's loop (PAGEDATTN_DECODE_PERSIST=0 for one record per unit).
+-- last unit's loop (decode_persist=0 for one record per unit).
 -- Splits that claim their keys (one block per unit): also the
 -- cycles thread 0 waited for its claims' results.
 -- H200 (docs/decode.md): blocks of equal work end up to 20 % apart;

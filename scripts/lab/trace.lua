@@ -6,7 +6,6 @@
 local ffi = require "ffi"
 local pa = require "pagedattn"
 local core = require "pagedattn.core"
-pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);")
 
 local M = {}
 M.dev = assert(pa.device("cuda"))
@@ -34,13 +33,14 @@ end
 -- stamps. Returns both times.
 function M.run(call, out, n)
   local tn = M.evt_time(call, n)
-  ffi.C.setenv("PAGEDATTN_KERNEL_DIR", M.dir, 1)
-  local tt = M.evt_time(call, n)
-  out:fill(0)
-  M.dev:synchronize()
-  call()
-  M.dev:synchronize()
-  ffi.C.unsetenv("PAGEDATTN_KERNEL_DIR")
+  local tt
+  M.dev:with_tuning({ kernel_dir = M.dir }, function()
+    tt = M.evt_time(call, n)
+    out:fill(0)
+    M.dev:synchronize()
+    call()
+    M.dev:synchronize()
+  end)
   return tn, tt
 end
 

@@ -80,7 +80,3 @@ const char *pa_shape_str(const pa_tensor *t, char *buf, size_t len) {
     return buf;
 }
 
-bool pa_env_flag(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}

@@ -152,3 +152,57 @@ pa_status pa_kernel_compile(pa_context *ctx, const char *variant, const char *ar
     if (!f) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "kernel compile: no backend compiles kernels");
     return f(ctx, variant, arch, use_disk_cache, was_cached);
 }
+
+/* The tuning of a device's kernels and the planner's view of them. */
+
+pa_status pa_device_get_tuning(pa_context *ctx, pa_device *dev, pa_cuda_tuning *out, int defaults) {
+    if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: NULL");
+    if (!out) return pa_fail(ctx, PA_ERR_ARGUMENT, "out: NULL");
+    if (!dev->ops->get_tuning) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "tuning: %s has no kernel tuning", dev->name);
+    return dev->ops->get_tuning(ctx, dev, out, defaults);
+}
+
+pa_status pa_device_set_tuning(pa_context *ctx, pa_device *dev, const pa_cuda_tuning *tuning) {
+    if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: NULL");
+    if (!tuning) return pa_fail(ctx, PA_ERR_ARGUMENT, "tuning: NULL");
+    if (!dev->ops->set_tuning) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "tuning: %s has no kernel tuning", dev->name);
+    return dev->ops->set_tuning(ctx, dev, tuning);
+}
+
+pa_status pa_device_last_plan(pa_context *ctx, pa_device *dev, char *out, size_t len) {
+    if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "device: NULL");
+    if (!out || len == 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "out: NULL or empty");
+    out[0] = '\0';
+    if (!dev->ops->last_plan) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "last plan: %s plans no kernels", dev->name);
+    return dev->ops->last_plan(ctx, dev, out, len);
+}
+
+typedef int (*field_count_fn)(void);
+typedef const pa_tuning_field *(*field_fn)(int);
+typedef pa_status (*variants_fn)(pa_context *, const pa_kernel_shape *, const pa_cuda_tuning *, const char *, char *,
+                                 size_t, int *);
+
+typedef void (*defaults_fn)(pa_cuda_tuning *);
+void pa_cuda_tuning_defaults(pa_cuda_tuning *out) {
+    defaults_fn f = (defaults_fn)pa_backend_proc("tuning_defaults");
+    if (f) f(out);
+    else memset(out, 0, sizeof *out);
+}
+
+int pa_cuda_tuning_field_count(void) {
+    field_count_fn f = (field_count_fn)pa_backend_proc("tuning_field_count");
+    return f ? f() : 0;
+}
+
+const pa_tuning_field *pa_cuda_tuning_field(int index) {
+    field_fn f = (field_fn)pa_backend_proc("tuning_field");
+    return f ? f(index) : NULL;
+}
+
+pa_status pa_kernel_variants_for(pa_context *ctx, const pa_kernel_shape *shape, const pa_cuda_tuning *tuning,
+                                 const char *arch, char *out, size_t out_len, int *count) {
+    if (count) *count = 0;
+    variants_fn f = (variants_fn)pa_backend_proc("kernel_variants_for");
+    if (!f) return pa_fail(ctx, PA_ERR_UNSUPPORTED, "kernel variants: no backend plans kernels");
+    return f(ctx, shape, tuning, arch, out, out_len, count);
+}

@@ -69,6 +69,12 @@ typedef struct pa_backend_ops {
     /* maybe (NULL: the device cannot): device-side timing of attention calls */
     pa_status (*timing)(pa_context *ctx, pa_device *dev, int on);
     pa_status (*timing_last)(pa_context *ctx, pa_device *dev, double *seconds);
+    /* maybe: the tuning of the device's kernel choice (pagedattn_lab.h: the
+     * CUDA backend's), its setting (checked first; a failure changes
+     * nothing), and what the last attention call launched */
+    pa_status (*get_tuning)(pa_context *ctx, pa_device *dev, pa_cuda_tuning *out, int defaults);
+    pa_status (*set_tuning)(pa_context *ctx, pa_device *dev, const pa_cuda_tuning *t);
+    pa_status (*last_plan)(pa_context *ctx, pa_device *dev, char *out, size_t len);
 } pa_backend_ops;
 
 /* A backend as the core sees it. The registry (src/backends.c) lists them in
@@ -461,7 +467,6 @@ static inline void pa_randn4(uint64_t block, uint64_t seed, double out[4]) {
 
 /* ---- helpers shared by the core ---- */
 const char *pa_shape_str(const pa_tensor *t, char *buf, size_t len);
-bool pa_env_flag(const char *name);
 
 
 

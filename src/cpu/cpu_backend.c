@@ -552,6 +552,9 @@ static const pa_backend_ops cpu_ops = {
     cpu_destroy,
     NULL, /* timing: events are a GPU's */
     NULL,
+    NULL, /* tuning: the CPU kernels have none */
+    NULL,
+    NULL,
 };
 
 static int count_cpus(void) {

@@ -1,13 +1,16 @@
 /*
  * cuda_internal.h -- what the files of the CUDA backend share: the loaded
- * driver and NVRTC tables, error helpers, the per-device state and the
- * kernel-module cache.
+ * driver and NVRTC tables, error helpers, the per-device state, and each
+ * file's functions that others call. The planner (cuda_planner.h) and the
+ * variant table (cuda_variants.h) need none of it.
  */
 #ifndef PA_CUDA_INTERNAL_H
 #define PA_CUDA_INTERNAL_H
 
 #include "../core/internal.h"
 #include "cuda_api.h"
+#include "cuda_tuning.h"
+#include "cuda_variants.h"
 #include "../../kernels/params.h"
 
 #include <pthread.h>
@@ -51,7 +54,7 @@ bool pa_cuda_usable(char *why, size_t why_len);
         if (r_ != CUDA_SUCCESS) return pa_cu_fail(ctx, r_, #call, __FILE__, __LINE__); \
     } while (0)
 
-/* ---- per-device state (cuda_backend.c) ---- */
+/* ---- per-device state (cuda_device.c) ---- */
 
 typedef struct pa_kmodule pa_kmodule;
 
@@ -59,7 +62,7 @@ typedef struct pa_kmodule pa_kmodule;
  * for the one that used its slot PA_STAGING_SLOTS uploads ago, not for the
  * stream. An attention plan goes to the slot's own device buffer on the copy
  * stream, ahead of the kernels that read it (an upload queued on the stream
- * itself delays the next kernel by ~8 us on the H200, kernels/NOTES.md). */
+ * itself delays the next kernel: docs/planner.md). */
 #define PA_STAGING_SLOTS 4
 typedef struct cuda_staging {
     void *host; /* pinned */
@@ -72,6 +75,19 @@ typedef struct cuda_staging {
     bool used_recorded;
 } cuda_staging;
 
+/* One launch of an attention call, as pa_device_last_plan tells it. */
+#define PA_LAUNCH_RECORDS 5
+typedef struct pa_cuda_launch_record {
+    const char *variant, *entry; /* the module cache's names (live as long as the device) */
+    int64_t grid;
+    int threads, smem;
+    int64_t items;
+    int head_tiles, split; /* split: the append's warps a token (0: an attention launch) */
+    bool splits, claims, persistent, overlap;
+    int tma_rows;
+    int32_t key_lo, key_hi;
+} pa_cuda_launch_record;
+
 typedef struct cuda_impl {
     CUdevice cudev;
     CUcontext cuctx; /* the primary context, retained */
@@ -80,8 +96,10 @@ typedef struct cuda_impl {
     int sm_count, cc_major, cc_minor;
     int smem_optin; /* shared bytes a block may opt into */
     char arch[16];  /* what NVRTC compiles for: "sm_90a", "sm_80", ... */
-    /* one call at a time: the caches, scratch and staging below are shared */
+    /* one call at a time: the caches, scratch, staging and tuning below are shared */
     pthread_mutex_t lock;
+    pa_cuda_tuning tuning;      /* what the planner and the kernel cache follow */
+    pa_cuda_tuning tuning_open; /* the tuning the device opened with */
     pa_kmodule *modules;
     /* per-call scratch on the device, grown on demand */
     CUdeviceptr scratch;
@@ -95,9 +113,14 @@ typedef struct cuda_impl {
     bool timing, timed;
     CUevent t_start, t_end;
     CUfunction hold; /* util's pa_hold: keeps the stream busy while a call is queued */
+    /* the last attention call's launches */
+    pa_cuda_launch_record last[PA_LAUNCH_RECORDS];
+    int nlast;
 } cuda_impl;
 
 static inline cuda_impl *pa_cuda_impl(const pa_device *dev) { return (cuda_impl *)dev->impl; }
+
+/* ---- cuda_staging.c: the context, scratch and the staging ring ---- */
 
 /* Makes the device's context current for the duration of a call. */
 pa_status pa_cuda_enter(pa_context *ctx, cuda_impl *impl);
@@ -123,20 +146,51 @@ pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot);
  * (`what` names it in errors) and moves the ring on; does not wait. */
 pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
                                  size_t bytes, const char *what);
+/* Frees what the above hold (the device's destruction). */
+void pa_cuda_staging_free(cuda_impl *impl);
+
+/* ---- cuda_measure.c: the laboratory's measurements ---- */
 
 /* Timing brackets around the kernels of one attention call (no-ops unless on). */
 pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl);
 pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl);
+/* The backend table's timing and ceilings entries. */
+pa_status pa_cuda_timing(pa_context *ctx, pa_device *dev, int on);
+pa_status pa_cuda_timing_last(pa_context *ctx, pa_device *dev, double *seconds);
+pa_status pa_cuda_measure_ceilings(pa_context *ctx, pa_device *dev, double seconds, pa_ceilings *out);
 
-/* ---- cuda_kernels.c: run-time compiled kernel modules ---- */
+/* ---- cuda_compile.c: kernel sources, NVRTC and the disk cache ---- */
+
+/* Where a compile takes its sources and extra options from, and the names
+ * its errors give them ("kernel_dir" of a device's tuning, or the
+ * environment's PAGEDATTN_KERNEL_DIR for pa_kernel_compile). */
+typedef struct pa_compile_from {
+    const char *dir, *dir_name;         /* "" or NULL: the embedded sources */
+    const char *options, *options_name; /* "" or NULL: none */
+} pa_compile_from;
+enum { PA_IMAGE_CUBIN = 1, PA_IMAGE_PTX = 2 };
+/* The image of a parsed variant for arch: from the disk cache when allowed
+ * and valid, else compiled (and then stored). */
+pa_status pa_cuda_variant_image(pa_context *ctx, const char *name, const pa_variant *v, const char *arch,
+                                int image_kind, bool use_disk, const pa_compile_from *from, void **image,
+                                size_t *size, bool *was_cached);
+/* pagedattn_lab.h's compiler, offered through the registry */
+pa_status pa_cuda_kernel_compile(pa_context *ctx, const char *variant, const char *arch, int use_disk_cache,
+                                 int *was_cached);
+/* The target NVRTC compiles for on compute capability major.minor ("sm_90a",
+ * "sm_80", or "compute_XX" PTX when NVRTC does not know the device). */
+void pa_cuda_pick_arch(int major, int minor, char *arch, size_t len, int *image_kind);
+/* The arch of CUDA device 0 (pa_kernel_compile's default). */
+pa_status pa_cuda_device0_arch(pa_context *ctx, const char *what, char *arch, size_t len, int *image_kind);
+
+/* ---- cuda_modules.c: compiled modules loaded on a device ---- */
 
 #define PA_KMODULE_FUNCS 8
-#define PA_NVRTC_OPTIONS_MAX 512 /* $PAGEDATTN_NVRTC_OPTIONS: bytes with its NUL */
 struct pa_kmodule {
     pa_kmodule *next;
     char name[192];
-    char srcdir[256]; /* $PAGEDATTN_KERNEL_DIR when it was built ("": the embedded sources) */
-    char options[PA_NVRTC_OPTIONS_MAX]; /* $PAGEDATTN_NVRTC_OPTIONS when it was built ("": none) */
+    char srcdir[256];   /* the tuning's kernel_dir when it was built ("": the embedded sources) */
+    char options[512];  /* the tuning's nvrtc_options when it was built */
     CUmodule module;
     int info[8]; /* the module's pa_<kind>_info constants, if any */
     int nfuncs;
@@ -146,17 +200,13 @@ struct pa_kmodule {
 };
 
 /* The module of a variant ("decode dtype=bf16 D=128 ..."), from memory, the
- * disk cache, or NVRTC. Call with impl->lock held and the context current. */
+ * disk cache, or NVRTC, built from the device's tuning's kernel_dir and
+ * nvrtc_options. Call with impl->lock held and the context current. */
 pa_status pa_cuda_module(pa_context *ctx, cuda_impl *impl, const char *variant, pa_kmodule **out);
 /* One of its kernels; raises its dynamic shared memory limit to smem_bytes. */
 pa_status pa_cuda_function(pa_context *ctx, cuda_impl *impl, pa_kmodule *m, const char *entry,
                            int smem_bytes, CUfunction *out);
 void pa_cuda_modules_free(cuda_impl *impl);
-/* pagedattn_lab.h's catalog and compiler, offered through the registry */
-int pa_cuda_kernel_catalog_size(void);
-const char *pa_cuda_kernel_catalog_name(int index);
-pa_status pa_cuda_kernel_compile(pa_context *ctx, const char *variant, const char *arch, int use_disk_cache,
-                                 int *was_cached);
 
 /* ---- kernel_sources.c: the kernels/ sources, embedded at build time ---- */
 
@@ -167,9 +217,6 @@ typedef struct pa_kernel_source {
 } pa_kernel_source;
 #define PA_KERNEL_SOURCES 16
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
-/* The target NVRTC compiles for on compute capability major.minor ("sm_90a",
- * "sm_80", or "compute_XX" PTX when NVRTC does not know the device). */
-void pa_cuda_pick_arch(int major, int minor, char *arch, size_t len, int *image_kind);
 
 /* ---- cuda_blas.c: the bf16 matmul ceiling by cuBLAS (opened at run time) ----
  * Fills matmul_gflops, matmul_sustained_gflops and matmul_note; without

@@ -1,0 +1,101 @@
+-- spec/layout_spec.lua -- the shape of the tree that issue 48 asked for and
+-- that a change could quietly undo: no product file (src/, lua/) over 900
+-- lines, the CUDA backend's files calling each other in one direction only
+-- (read from the built objects' symbols), and the environment read for
+-- deployment only (the PAGEDATTN_ variables that src/ and lua/ name).
+local H = require "helpers"
+local root, sh = H.root, H.sh
+
+-- The objects of this tree's sources in build/obj/release (one left from a
+-- renamed file would be a stranger).
+local function objects()
+  local rc, out = sh("for o in '" .. root .. "'/build/obj/release/*.o; do b=$(basename \"$o\" .o); " ..
+    "if [ -n \"$(find '" .. root .. "/src' -name \"$b.c\")\" ]; then echo \"$o\"; fi; done")
+  assert(rc == 0 and out:find("%.o"), "no objects (scripts/build first): " .. out)
+  local list = {}
+  for o in out:gmatch("[^\n]+") do list[#list + 1] = o end
+  return list
+end
+
+describe("the layout of the library", function()
+  it("has no product file over 900 lines (src/, lua/)", function()
+    local rc, out = sh("cd '" .. root .. "' && find src lua -name '*.c' -o -name '*.h' -o -name '*.inc' -o -name '*.lua' | " ..
+      "xargs wc -l")
+    assert.equal(0, rc)
+    local over = {}
+    for n, f in out:gmatch("(%d+) ([^\n]+)") do
+      if f ~= "total" and tonumber(n) > 900 then over[#over + 1] = f .. ": " .. n end
+    end
+    assert(#over == 0, "over 900 lines:\n" .. table.concat(over, "\n"))
+  end)
+
+  it("the CUDA backend's files call each other in one direction (no circle)", function()
+    local defs, uses = {}, {}
+    for _, o in ipairs(objects()) do
+      local name = o:match("([^/]+)%.o$")
+      if name:match("^cuda_") or name == "kernel_sources" then
+        local rc, out = sh("nm '" .. o .. "'")
+        assert.equal(0, rc, out)
+        uses[name] = {}
+        for kind, sym in out:gmatch("%s(%u)%s+([%w_]+)\n") do
+          if kind == "U" then uses[name][sym] = true
+          elseif kind:match("[TDBR]") then defs[sym] = name end
+        end
+      end
+    end
+    local edges = {}
+    for from, syms in pairs(uses) do
+      edges[from] = {}
+      for sym in pairs(syms) do
+        local to = defs[sym]
+        if to and to ~= from then edges[from][to] = sym end
+      end
+    end
+    assert.is_true(next(edges.cuda_attention) ~= nil) -- (the symbols were read)
+    -- a depth-first walk: a file met again on its own path closes a circle
+    local state, path = {}, {}
+    local function walk(f)
+      state[f] = "open"
+      path[#path + 1] = f
+      for to, sym in pairs(edges[f] or {}) do
+        if state[to] == "open" then
+          error("a circle of calls: " .. table.concat(path, " -> ") .. " -> " .. to .. " (" .. sym .. ")", 0)
+        end
+        if not state[to] then walk(to) end
+      end
+      path[#path] = nil
+      state[f] = "done"
+    end
+    for f in pairs(edges) do
+      if not state[f] then walk(f) end
+    end
+    -- and the planner needs no driver: cuda_choice, cuda_planner, cuda_worklist,
+    -- cuda_variants and cuda_tuning call nothing of the loader, modules or device
+    for _, f in ipairs({ "cuda_choice", "cuda_planner", "cuda_worklist", "cuda_variants", "cuda_tuning" }) do
+      for to, sym in pairs(edges[f] or {}) do
+        assert(not to:match("^cuda_") or to == "cuda_choice" or to == "cuda_planner" or to == "cuda_worklist" or
+          to == "cuda_variants" or to == "cuda_tuning", f .. " calls " .. to .. " (" .. sym .. ")")
+      end
+    end
+  end)
+
+  it("reads the environment for deployment only: the PAGEDATTN_ variables of src/ and lua/", function()
+    local rc, out = sh("cd '" .. root .. "' && grep -rhoE 'PAGEDATTN_[A-Z0-9_]+' src lua | sort -u")
+    assert.equal(0, rc)
+    local allowed = {
+      PAGEDATTN_H = "include guard", PAGEDATTN_LAB_H = "include guard",
+      PAGEDATTN_DEVICE = "the default device", PAGEDATTN_LIB = "the library", PAGEDATTN_HEADER = "the header",
+      PAGEDATTN_NUM_THREADS = "CPU threads", PAGEDATTN_CPU_ISA = "CPU kernels",
+      PAGEDATTN_NVRTC = "NVRTC's library", PAGEDATTN_CUBLAS = "cuBLAS's library",
+      PAGEDATTN_KERNEL_CACHE = "the kernel cache", PAGEDATTN_KERNEL_DIR = "kernel sources",
+      PAGEDATTN_NVRTC_OPTIONS = "NVRTC options",
+    }
+    local names, extra = {}, {}
+    for name in out:gmatch("[%w_]+") do
+      names[#names + 1] = name
+      if not allowed[name] then extra[#extra + 1] = name end
+    end
+    assert(#extra == 0, "not deployment (a tuning choice is a field of pa_cuda_tuning): " .. table.concat(extra, ", "))
+    assert.is_true(#names <= 15)
+  end)
+end)

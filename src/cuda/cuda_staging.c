@@ -1,0 +1,162 @@
+/*
+ * cuda_staging.c -- a CUDA device's context for a call, its per-call scratch
+ * and arrival counters on the device, and the ring of pinned staging buffers
+ * that uploads go through (tensor writes, attention plans).
+ */
+#define _GNU_SOURCE
+#include "cuda_internal.h"
+
+#include <stdlib.h>
+
+pa_status pa_cuda_enter(pa_context *ctx, cuda_impl *impl) {
+    CU_TRY(ctx, pa_cu.cuCtxPushCurrent(impl->cuctx));
+    return PA_OK;
+}
+
+void pa_cuda_leave(cuda_impl *impl) {
+    (void)impl;
+    CUcontext popped;
+    pa_cu.cuCtxPopCurrent(&popped);
+}
+
+static size_t grow(size_t have, size_t need, size_t floor_bytes) {
+    size_t n = have + have / 2;
+    if (n < need) n = need;
+    if (n < floor_bytes) n = floor_bytes;
+    return (n + 4095) & ~(size_t)4095;
+}
+
+/* A device buffer that kernels on the stream read, grown to `need` bytes (at
+ * least `floor`): once the stream has drained, since queued kernels may
+ * still read the old one. */
+static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUdeviceptr *buf, size_t *have, size_t need,
+                        size_t floor_bytes, const char *what) {
+    CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
+    if (*buf) pa_cu.cuMemFree(*buf);
+    *buf = 0;
+    *have = 0;
+    const size_t n = grow(0, need, floor_bytes);
+    CUresult r = pa_cu.cuMemAlloc(buf, n);
+    if (r != CUDA_SUCCESS) {
+        *buf = 0;
+        return pa_fail(ctx, r == CUDA_ERROR_OUT_OF_MEMORY ? PA_ERR_OUT_OF_MEMORY : PA_ERR_DEVICE,
+                       "attention: cannot allocate %zu bytes of device memory for %s", n, what);
+    }
+    *have = n;
+    return PA_OK;
+}
+
+pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdeviceptr *out) {
+    if (bytes > impl->scratch_bytes) {
+        pa_status st = regrow(ctx, impl, &impl->scratch, &impl->scratch_bytes, bytes, (size_t)1 << 20, "scratch");
+        if (st) return st;
+    }
+    *out = impl->scratch;
+    return PA_OK;
+}
+
+pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdeviceptr *out) {
+    if (n * 4 > impl->counters_bytes) {
+        pa_status st = regrow(ctx, impl, &impl->counters, &impl->counters_bytes, n * 4, 4096 * 4, "counters");
+        if (st) return st;
+        CUresult r = pa_cu.cuMemsetD32Async(impl->counters, 0, impl->counters_bytes / 4, impl->stream);
+        if (r != CUDA_SUCCESS) {
+            pa_cu.cuMemFree(impl->counters);
+            impl->counters = 0;
+            impl->counters_bytes = 0;
+            return pa_cu_fail(ctx, r, "cuMemsetD32Async(counters)", __FILE__, __LINE__);
+        }
+    }
+    *out = impl->counters;
+    return PA_OK;
+}
+
+pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out, int *slot) {
+    const int i = impl->staging_next;
+    cuda_staging *s = &impl->staging[i];
+    if (s->pending) { /* the last upload from it must have left */
+        CU_TRY(ctx, pa_cu.cuEventSynchronize(s->done));
+        s->pending = false;
+    }
+    if (bytes > s->bytes) {
+        if (s->host) pa_cu.cuMemFreeHost(s->host);
+        s->host = NULL;
+        s->bytes = 0;
+        size_t n = grow(0, bytes, (size_t)64 << 10);
+        CU_TRY(ctx, pa_cu.cuMemHostAlloc(&s->host, n, CU_MEMHOSTALLOC_PORTABLE));
+        s->bytes = n;
+    }
+    *out = s->host;
+    *slot = i;
+    return PA_OK;
+}
+
+/* Slot `slot`'s upload is queued on `stream`: mark when it has left, and move
+ * the ring on. */
+static pa_status staging_queued(pa_context *ctx, cuda_impl *impl, int slot, CUstream stream) {
+    cuda_staging *s = &impl->staging[slot];
+    CUresult r = pa_cu.cuEventRecord(s->done, stream);
+    if (r != CUDA_SUCCESS) {
+        /* the copy is queued but cannot be tracked: let it finish */
+        pa_cu.cuStreamSynchronize(stream);
+        return pa_cu_fail(ctx, r, "cuEventRecord(staging)", __FILE__, __LINE__);
+    }
+    s->pending = true;
+    impl->staging_next = (slot + 1) % PA_STAGING_SLOTS;
+    return PA_OK;
+}
+
+pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
+                                 size_t bytes, const char *what) {
+    CUresult r = pa_cu.cuMemcpyHtoDAsync(dst, impl->staging[slot].host, bytes, impl->stream);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, what, __FILE__, __LINE__);
+    return staging_queued(ctx, impl, slot, impl->stream);
+}
+
+pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t bytes, CUdeviceptr *dev) {
+    cuda_staging *s = &impl->staging[slot];
+    *dev = 0;
+    if (bytes > s->dev_bytes) {
+        s->used_recorded = false; /* (the stream drains first) */
+        pa_status st = regrow(ctx, impl, &s->dev, &s->dev_bytes, bytes, (size_t)64 << 10, "the plan");
+        if (st) return st;
+    }
+    CUresult r = CUDA_SUCCESS;
+    if (s->used_recorded) r = pa_cu.cuStreamWaitEvent(impl->copy_stream, s->used, 0);
+    if (r == CUDA_SUCCESS) r = pa_cu.cuMemcpyHtoDAsync(s->dev, s->host, bytes, impl->copy_stream);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuMemcpyHtoDAsync(attention plan)", __FILE__, __LINE__);
+    pa_status st = staging_queued(ctx, impl, slot, impl->copy_stream);
+    if (st) return st;
+    r = pa_cu.cuStreamWaitEvent(impl->stream, s->done, 0);
+    if (r != CUDA_SUCCESS) {
+        /* the kernels cannot be ordered after the copy: let it finish */
+        pa_cu.cuStreamSynchronize(impl->copy_stream);
+        return pa_cu_fail(ctx, r, "cuStreamWaitEvent(attention plan)", __FILE__, __LINE__);
+    }
+    *dev = s->dev;
+    return PA_OK;
+}
+
+pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot) {
+    cuda_staging *s = &impl->staging[slot];
+    CUresult r = pa_cu.cuEventRecord(s->used, impl->stream);
+    if (r != CUDA_SUCCESS) {
+        /* the next upload to this slot cannot wait for the kernels: wait here */
+        s->used_recorded = false;
+        pa_cu.cuStreamSynchronize(impl->stream);
+        return pa_cu_fail(ctx, r, "cuEventRecord(attention plan used)", __FILE__, __LINE__);
+    }
+    s->used_recorded = true;
+    return PA_OK;
+}
+
+void pa_cuda_staging_free(cuda_impl *impl) {
+    if (impl->scratch) pa_cu.cuMemFree(impl->scratch);
+    if (impl->counters) pa_cu.cuMemFree(impl->counters);
+    for (int i = 0; i < PA_STAGING_SLOTS; i++) {
+        if (impl->staging[i].host) pa_cu.cuMemFreeHost(impl->staging[i].host);
+        if (impl->staging[i].done) pa_cu.cuEventDestroy(impl->staging[i].done);
+        if (impl->staging[i].used) pa_cu.cuEventDestroy(impl->staging[i].used);
+        if (impl->staging[i].dev) pa_cu.cuMemFree(impl->staging[i].dev);
+    }
+}
