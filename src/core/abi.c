@@ -78,6 +78,7 @@ static const abi_entry entries[] = {
     FIELD(pa_kernel_shape, seqlen_q),
     FIELD(pa_kernel_shape, natural),
     FIELD(pa_kernel_shape, rotary),
+    FIELD(pa_kernel_shape, kv_dtype),
     SIZE(pa_attention_params),
     FIELD(pa_attention_params, q),
     FIELD(pa_attention_params, k_cache),

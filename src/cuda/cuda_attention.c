@@ -59,6 +59,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     if (p->total_new > 0 || (p->rotary_cos && p->total_q > 0)) {
         char variant[64];
         pa_variant v = pa_variant_of(PA_VK_APPEND);
+        pa_variant_set(&v, PA_KEY_KV, pa_dtype_is_fp8(p->cache_dtype) ? (int32_t)p->cache_dtype : 0);
         pa_variant_name(pa_variant_set(&v, PA_KEY_DTYPE, p->dtype), variant, sizeof variant);
         st = pa_cuda_module(ctx, impl, variant, &append_mod);
         if (st) return st;
@@ -90,9 +91,6 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
 }
 
 pa_status pa_cuda_attention(pa_context *ctx, const pa_attn_problem *p) {
-    if (p->cache_dtype != p->dtype) /* (the kernels' fp8 forms are not planned here yet) */
-        return pa_fail(ctx, PA_ERR_UNSUPPORTED, "attention: %s caches are not supported by the CUDA backend yet",
-                       pa_dtype_name(p->cache_dtype));
     cuda_impl *impl = pa_cuda_impl(p->dev);
     pthread_mutex_lock(&impl->lock);
     pa_status st = pa_cuda_enter(ctx, impl);
