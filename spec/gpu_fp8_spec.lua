@@ -16,12 +16,17 @@ local dev, why = G.device()
 local cpu = assert(pa.device("cpu"))
 local FORMATS = check.FP8_DTYPES
 
-local function run_cases(name, n, want_fn)
+-- expect(case): after each case's call, what its plan must show (G.expect_plan), or nil
+local function run_cases(name, n, want_fn, expect)
   for i = 1, n do
     local seed = H.seed(name, i)
     local rng = ref.rng(seed)
     local case = check.random_case(rng, want_fn(rng, i))
     local ok, r = pcall(check.run, case, dev, rng)
+    if ok and expect then
+      local eok, eerr = pcall(expect, case)
+      if not eok then ok, r = false, eerr end
+    end
     if not ok then
       error(string.format("%s\n  case: %s\n  seed: %d\n  %s", tostring(r), check.describe(case), seed, H.rerun(SPEC)), 0)
     end
@@ -91,6 +96,7 @@ describe("#gpu fp8 caches on CUDA", function()
             opts.rotary_interleaved = cfg.il
           end
           assert(pa.attention_with_kvcache(q, kc, vc, opts))
+          if d == dev then G.expect_plan(dev, "the fp8 append", "append dtype=bf16 kv=" .. fmt .. " | pa_append ") end
           caches[#caches + 1] = { kc:to_table(), vc:to_table() }
         end
         local at = first_diff(caches[1][1], caches[2][1])
@@ -105,8 +111,52 @@ describe("#gpu fp8 caches on CUDA", function()
         return { cache_dtype = fmt, mode = "decode", dtype = pick(rng, { "f16", "bf16" }), D = pick(rng, { 64, 128 }),
           group = pick(rng, { 1, 4, 8 }), page_size = pick(rng, { 0, 1, 3, 16, 256 }), B = rng:int(1, 6),
           max_keys = rng:int(1, 4) * 200, new = rng:int(1, 2) == 1 and 1 or rng:int(2, 8) }
-      end)
+      end, function() G.expect_plan(dev, "decode_mma over fp8", "decode_mma [^\n]* kv=" .. fmt) end)
     end)
+
+    -- decode_mma's block modes over fp8 caches (the tuning forces each, as
+    -- gpu_difftest_spec does for 16-bit caches): persistent blocks of four
+    -- and of eight warps, one block a unit, a warp a head tile (8 and 16 keys
+    -- a warp, one block a unit or persistent), claiming splits
+    local modes = {
+      { "persistent, four warps", { decode_max_blocks = 5, decode_persist_min_keys = 0, decode_wide = 0 },
+        "persist=1 minb=%d+ hw=0 nw=4" },
+      { "persistent, eight warps", { decode_max_blocks = 5, decode_persist_min_keys = 0, decode_wide = 2 }, "persist=1" },
+      { "one block a unit", { decode_persist = 0 }, "persist=0" },
+      { "a warp a head tile, 8 keys", { decode_persist_min_keys = 100000, split_chunk = 100000, decode_hw = 2,
+        decode_short_kpw = 8, decode_hw_persist = 0 }, "kpw=8 persist=0 minb=%d+ hw=1" },
+      { "a warp a head tile, 16 keys, persistent", { decode_persist_min_keys = 100000, split_chunk = 100000,
+        decode_hw = 2, decode_short_kpw = 16, decode_hw_persist = 2, decode_max_blocks = 3 },
+        "kpw=16 persist=1 minb=%d+ hw=1" },
+      { "claiming splits", { decode_persist = 0, split_chunk = 1024, decode_claim_min = 0 }, " | [^\n]*claims=1" },
+    }
+    for _, m in ipairs(modes) do
+      it("#gpu " .. fmt .. ": decode_mma, " .. m[1], function()
+        G.with_tuning(dev, m[2], function()
+          run_cases("gpu fp8 mode " .. m[1] .. fmt, H.scale(12), function(rng)
+            local hw = m[1]:find("head tile") ~= nil
+            local group = pick(rng, hw and { 1, 2, 4 } or { 1, 4, 8 })
+            local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "decode", "read" }),
+              dtype = pick(rng, { "f16", "bf16" }), D = pick(rng, { 64, 128 }), group = group,
+              page_size = pick(rng, { 0, 1, 3, 16, 32, 256 }), B = rng:int(1, 9), max_keys = rng:int(2, 8) * 150,
+              k_scale = pick(rng, { 0.5, "head" }), num_splits = 0 }
+            if hw then
+              w.Hk, w.sq, w.new, w.rotary = pick(rng, { 4, 8 }), 1, 1, group > 4 and false or nil
+            end
+            if m[1] == "claiming splits" then
+              w.page_size, w.cached, w.window = pick(rng, { 1, 3, 16, 32, 256 }), { rng:int(1100, 3000) }, { -1, -1 }
+              w.B = 1
+            end
+            return w
+          end, function(case)
+            local want = m[3]
+            if m[1] == "persistent, eight warps" and G.cc_major(dev) < 9 then want = "" end -- (an A100 takes four)
+            G.expect_plan(dev, m[1], "decode_mma [^\n]*" .. (want ~= "" and (want:sub(1, 3) == " | " and "kv=" .. fmt .. want
+              or want .. "[^\n]* kv=" .. fmt) or "kv=" .. fmt))
+          end)
+        end)
+      end)
+    end
 
     it("#gpu " .. fmt .. ": decode on CUDA cores and the fallback (f32 q, head dims 256, 96, 40, 37)", function()
       run_cases("gpu fp8 decode other " .. fmt, H.scale(16), function(rng)
@@ -119,6 +169,10 @@ describe("#gpu fp8 caches on CUDA", function()
       run_cases("gpu fp8 prefill " .. fmt, H.scale(16), function(rng)
         return { cache_dtype = fmt, mode = pick(rng, { "prefill", "chunked" }), dtype = pick(rng, { "f16", "bf16" }),
           D = pick(rng, { 64, 128, 256, 80, 40 }), B = rng:int(1, 3), causal = rng:int(1, 3) > 1 }
+      end, function(case)
+        -- (never the Hopper kernels, which read 16-bit caches)
+        G.expect_plan(dev, "no prefill_ws / wgmma over fp8", "prefill_w", true)
+        if case.D % 16 == 0 and case.new[1] > 8 then G.expect_plan(dev, "prefill over fp8", "prefill [^\n]* kv=" .. fmt) end
       end)
     end)
 
