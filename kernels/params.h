@@ -167,5 +167,34 @@ typedef struct pa_append_params {
     pa_u64 k_scales, v_scales;
 } pa_append_params;
 
+/* merge.cu: attention states merged by their log-sum-exp (the core's
+ * pa_merge_problem). Item r, head h writes output row out_rows[r] (0: r)
+ * from state s's row rows[r] (rows 0: r; negative: empty there); o at
+ * (row * heads + h) * head_dim, lse at
+ * (row / lse_seq) * heads * lse_seq + h * lse_seq + row % lse_seq. */
+#define PA_MERGE_STATES_MAX 32
+typedef struct pa_merge_kstate {
+    pa_u64 o, lse;
+    pa_u64 rows;    /* maybe 0: i32 [rows] */
+    pa_i64 lse_seq;
+} pa_merge_kstate;
+
+typedef struct pa_merge_kparams {
+    pa_merge_kstate states[PA_MERGE_STATES_MAX];
+    pa_u64 out, out_lse; /* out_lse maybe 0 */
+    pa_u64 out_rows;     /* maybe 0: i32 [rows] */
+    pa_i64 rows, out_lse_seq;
+    pa_i32 num_states, heads, head_dim, pad;
+} pa_merge_kparams;
+
+/* merge.cu: rows of q copied, and rotated where rot_cos is given: dst row r
+ * is src row s = (row_map ? row_map[r] : r), rotated at position
+ * pos[pos_index ? pos_index[s] : s]. */
+typedef struct pa_rows_kparams {
+    pa_u64 src, dst, row_map, rot_cos, rot_sin, pos, pos_index;
+    pa_i64 rows;
+    pa_i32 heads, head_dim, rotary_dim, rot_dtype, interleaved, pad;
+} pa_rows_kparams;
+
 #endif /* PA_EMBED_ONLY */
 #endif /* PA_KERNEL_PARAMS_H */

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # scripts/gpu-run.sh [STEP...] -- one visit to a GPU machine: the GPU specs,
 # the compute-sanitizer runs and the benchmark, logs under $OUT, a short
-# summary last. STEP: specs, memcheck, prefill-memcheck, bench (default: all
-# four).
-#   specs             the #gpu specs, nine busted processes side by side
-#   memcheck          spec/gpu_memcheck_spec.lua under compute-sanitizer
+# summary last. STEP: specs, memcheck, prefill-memcheck, bench, cascade-bench
+# (default: all five).
+#   specs             the #gpu specs, ten busted processes side by side
+#   memcheck          spec/gpu_memcheck_spec.lua and spec/gpu_cascade_spec.lua under compute-sanitizer
 #                     (GPU_RUN_MEMCHECK_PREFILL=1: with the prefill issue case too)
 #   prefill-memcheck  the issue case of spec/gpu_prefill_spec.lua (tag memcheck)
 #                     under compute-sanitizer (GPU_RUN_PREFILL_MEMCHECK_ALL=1:
 #                     the whole file; PAGEDATTN_PREFILL_REPEAT=N: fewer repetitions)
+#   cascade-bench     scripts/bench_cascade.lua --preset gpu (shared prefixes read once)
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
@@ -25,7 +26,7 @@ out=${OUT:-/tmp/pagedattn-gpu}
 mkdir -p "$out"
 export PAGEDATTN_KERNEL_CACHE=${PAGEDATTN_KERNEL_CACHE:-$root/build/kcache}
 if [ ! -d build/kcache ] && [ -f build/kcache.tgz ]; then tar xzf build/kcache.tgz -C build; fi
-steps=${*:-specs memcheck prefill-memcheck bench}
+steps=${*:-specs memcheck prefill-memcheck bench cascade-bench}
 # busted's launcher may be a shell function (gpu-deps); compute-sanitizer needs a program
 busted_bin=${LJ:-/opt/lj}/usr/bin/busted
 [ -e "$busted_bin" ] || busted_bin=$(command -v busted)
@@ -36,7 +37,7 @@ summary=()
 for step in $steps; do
   case $step in
   specs)
-    # every spec's #gpu part (ours and the pool/batch ones), in nine busted
+    # every spec's #gpu part (ours and the pool/batch ones), in ten busted
     # processes side by side (the float64 reference runs on the host's cores;
     # one process took ~5 minutes, four ~3). TAP: each result as it happens.
     # The NVRTC spec (every variant for sm_80 and sm_90a) is CI's: GPU_RUN_NVRTC=1 adds it.
@@ -52,7 +53,7 @@ for step in $steps; do
       "--filter=persistent spec/gpu_difftest_spec.lua" "--filter=short.units,.a. spec/gpu_difftest_spec.lua"
       "spec/gpu_prefill_spec.lua"
       "spec/gpu_backend_spec.lua spec/gpu_large_spec.lua spec/gpu_memcheck_spec.lua"
-      "spec/batch_spec.lua spec/pool_spec.lua spec/mirror_spec.lua")
+      "spec/batch_spec.lua spec/pool_spec.lua spec/mirror_spec.lua" "spec/gpu_cascade_spec.lua")
     for i in "${!groups[@]}"; do
       # shellcheck disable=SC2086 # a group: words
       timeout "${GPU_RUN_TIMEOUT_SPECS:-300}" luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu ${groups[$i]} \
@@ -74,7 +75,7 @@ for step in $steps; do
     [ "${GPU_RUN_MEMCHECK_PREFILL:-0}" = 1 ] && extra=(--tags=memcheck spec/gpu_prefill_spec.lua)
     timeout "${GPU_RUN_TIMEOUT_MEMCHECK:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
       --print-limit 30 luajit "$busted_bin" --lua=luajit -o plainTerminal \
-      spec/gpu_memcheck_spec.lua ${extra[@]+"${extra[@]}"} >"$out/memcheck.log" 2>&1
+      spec/gpu_memcheck_spec.lua spec/gpu_cascade_spec.lua ${extra[@]+"${extra[@]}"} >"$out/memcheck.log" 2>&1
     summary+=("memcheck (rc $?): $(grep -E '^[0-9]+ success' "$out/memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)")
     ;;
   prefill-memcheck)
@@ -91,6 +92,10 @@ for step in $steps; do
     timeout "${GPU_RUN_TIMEOUT_BENCH:-240}" luajit scripts/bench.lua ${GPU_RUN_BENCH_ARGS:-} >"$out/bench.log" 2>&1
     summary+=("bench (rc $?): see below")
     ;;
+  cascade-bench)
+    timeout "${GPU_RUN_TIMEOUT_BENCH:-240}" luajit scripts/bench_cascade.lua --preset gpu >"$out/cascade-bench.log" 2>&1
+    summary+=("cascade bench (rc $?): see below")
+    ;;
   *) echo "gpu-run: unknown step $step" >&2 ;;
   esac
 done
@@ -102,13 +107,15 @@ for f in specs memcheck prefill-memcheck; do
   grep -E '^\s+[a-z].*max \|cuda - cpu\|' "$out/$f.log" | head -20
 done
 [ -f "$out/bench.log" ] && { echo "---- bench"; sed -n '/^summary/,$p' "$out/bench.log"; tail -3 "$out/bench.log"; }
+[ -f "$out/cascade-bench.log" ] && { echo "---- cascade bench"; cat "$out/cascade-bench.log"; }
 echo "---- summary"
 printf '%s\n' "${summary[@]}"
 # The lent machines send back at most 8 files from $OUT: this visit's logs go
 # as one archive (GPU_RUN_PACK=0 leaves them as they are).
 if [ "${GPU_RUN_PACK:-1}" = 1 ]; then
   logs=()
-  for f in "$out"/gpu.txt "$out"/specs*.log "$out"/memcheck.log "$out"/prefill-memcheck.log "$out"/bench.log; do
+  for f in "$out"/gpu.txt "$out"/specs*.log "$out"/memcheck.log "$out"/prefill-memcheck.log "$out"/bench.log \
+    "$out"/cascade-bench.log; do
     [ -f "$f" ] && logs+=("$(basename "$f")")
   done
   if [ ${#logs[@]} -gt 0 ] && tar czf "$out/gpu-run-logs.tgz" -C "$out" "${logs[@]}"; then

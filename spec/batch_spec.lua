@@ -361,7 +361,8 @@ describe("batch staging", function()
   ---------------------------------------------------------------------------
   -- the staging loop must compile: no NYI, no trace abort in its code
 
-  it("compiles the staging loop to traces without NYI or aborts", function()
+  for _, cascade in ipairs { false, true } do
+  it("compiles the staging loop to traces without NYI or aborts" .. (cascade and " (cascade: 256 forks of a prompt)" or ""), function()
     if not (jit and jit.status()) then
       pending("the JIT is off in this LuaJIT")
       return
@@ -373,8 +374,10 @@ describe("batch staging", function()
     local c = assert(pa.kv_cache{ num_pages = 16384, page_size = 16, layers = 0 }) -- room for 120 + 8 x 50 steps
     local seqs = {}
     local rng = ref.rng(H.seed("batch-jit", 1))
-    for i = 1, 256 do seqs[i] = grow(c:sequence(), rng:int(1, 600)) end
-    local bt = c:batch({ capacity = 256 })
+    -- (cascade: every step plans one group sharing the prompt's 64 pages)
+    local prompt = cascade and grow(c:sequence(), 1024)
+    for i = 1, 256 do seqs[i] = grow(cascade and assert(prompt:fork()) or c:sequence(), rng:int(1, cascade and 200 or 600)) end
+    local bt = c:batch({ capacity = 256, cascade = cascade })
 
     -- the loop under test, as a serving loop would write it
     local function stage_steps(steps)
@@ -468,7 +471,9 @@ describe("batch staging", function()
     end
     assert(clean, "the JIT kept recording traces in every 50-step window of the staging loop")
     assert(grown < 50 * 16, string.format("staging allocated %.0f bytes per step", grown / 50))
+    if cascade then assert.equal(1, bt:cascade_info().groups) end
     c:validate()
     c:close()
   end)
+  end
 end)

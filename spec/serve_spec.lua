@@ -169,6 +169,31 @@ describe("serve runs", function()
     assert.is_true(on.summary.run.prefill_tokens < 0.7 * off.summary.run.prefill_tokens)
   end)
 
+  it("reads shared prefixes once (cascade), checked against the reference, and reports the time saved", function()
+    local seed = H.seed("serve-cascade")
+    for _, pc in ipairs { false, true } do -- the system prompt shared by fork, then by the prefix cache
+      local res = serve.run(with{ seed = seed, cascade = true, prefix_cache = pc,
+        synthetic = { requests = 24, rate = 100, prompt = { 6, 40 }, output = { 4, 24 }, system = 18, turns = { 1, 3 },
+                      think_s = 0.05 } })
+      local c = res.report.check
+      assert(c and c.steps > 10 and not c.failed, string.format("cascade, prefix cache %s, seed %d: %s; %s",
+        tostring(pc), seed, c and (c.failed and "MISMATCH" or c.steps .. " steps") or "no check", H.rerun(SPEC)))
+      local cs = res.summary.cascade
+      assert.is_true(cs.steps_shared > 0)
+      assert.are.equal(res.summary.run.steps, cs.steps)
+      assert.is_true(cs.page_reads_saved_fraction > 0 and cs.page_reads_saved_fraction < 1)
+      assert.is_true(cs.attention_ms_per_step > 0 and cs.plain_attention_ms_per_step > 0)
+      assert.is_nil(cs.modelled_s_saved) -- (the steps clock: no modelled time to save)
+    end
+    local mc = serve.run{ trace = H.root .. "/examples/traces/mooncake.jsonl", device = "cpu", requests = 20,
+      pages = 4096, prefix_cache = true, cascade = true, time_scale = 0.05,
+      ceilings = { read_gbps = 10, fma_gflops = 100 } }
+    assert.is_true(mc.summary.cascade.steps_shared > 0)
+    assert.is_number(mc.summary.cascade.modelled_s_saved)
+    assert.is_nil(serve.run(with{ seed = seed, check = false }).summary.cascade)
+    assert.matches("serve.run: cascade: expected a boolean", H.error_of(serve.run, with{ cascade = 1 }))
+  end)
+
   it("points a policy's error at the policy's file and line", function()
     local dir = H.tmpdir()
     local p = dir .. "/bad.lua"
@@ -230,6 +255,19 @@ describe("serve command line", function()
     assert.are.equal(200, s.goodput.slo_ttft_ms)
     assert.is_number(s.goodput.requests_per_s)
     assert.are.equal(39, s.requests)
+  end)
+
+  it("reports what --cascade saved, in the report and the summary", function()
+    local json = dir .. "/cascade.json"
+    local rc, out = serve_cmd("--cascade --summary-out " .. json)
+    assert.are.equal(0, rc, out)
+    assert.matches("cascade on", out, 1, true)
+    assert.matches("  cascade      shared level on %d+ of %d+ steps .*%% of page reads saved; attention [%d.]+ ms a step " ..
+      "against [%d.]+ ms plain", out)
+    assert.matches("check        %d+ steps against pagedattn.reference: all match", out)
+    local s = require("dkjson").decode(H.read_file(json))
+    assert.is_number(s.cascade.page_reads_saved_fraction)
+    assert.is_number(s.cascade.plain_attention_ms_per_step)
   end)
 
   it("fails on an output file it cannot write before running anything", function()

@@ -222,6 +222,29 @@ void pa_attention_params_init(pa_attention_params *p);
 pa_status pa_attention_with_kvcache(pa_context *ctx, const pa_attention_params *p);
 pa_status pa_attention_varlen(pa_context *ctx, const pa_attention_params *p);
 
+/* ---- merging partial attention results ----
+ * Attention over keys split into disjoint parts is the merge of the parts'
+ * results by their log-sum-exp. For each query row and head, with
+ * m = max_s lse_s and w_s = exp(lse_s - m) / sum_t exp(lse_t - m):
+ *   out = sum_s w_s o_s,   out_lse = m + log(sum_s exp(lse_s - m)).
+ * A state with lse -inf (no key, or every key masked) has weight 0 and its o
+ * is not read; when every state is empty, out is zeros and out_lse -inf (a
+ * fully masked row of an attention call). The weights are normalised before
+ * the sum and the result kept between the states' values, so out is finite
+ * wherever the states are. Every state has the layout of one attention
+ * call's out and lse: o [T, H, D] with lse f32 [H, T] (attention_varlen), or
+ * o [B, Sq, H, D] with lse f32 [B, H, Sq] (attention_with_kvcache). */
+typedef struct pa_merge_params {
+    int32_t num_states;          /* 1 to 32 */
+    const pa_tensor *const *o;   /* [num_states]: one shape and dtype (f32, f16, bf16) */
+    const pa_tensor *const *lse; /* [num_states]: f32, the layout above */
+    pa_tensor *out;              /* o's shape and dtype; may be one of the o (in place) */
+    pa_tensor *out_lse;          /* maybe: lse's shape; may be one of the lse */
+} pa_merge_params;
+
+void pa_merge_params_init(pa_merge_params *p);
+pa_status pa_merge_states(pa_context *ctx, const pa_merge_params *p);
+
 /* ==== page pool, sequences, batch staging ==================================
  *
  * A pool hands out the pages of one or more pairs of KV cache tensors
@@ -388,7 +411,17 @@ typedef enum pa_batch_field {
     PA_BATCH_KV_INDPTR = 6,
     PA_BATCH_KV_INDICES = 7,
     PA_BATCH_KV_LAST_PAGE_LEN = 8,
-    PA_BATCH_NUM_FIELDS = 9
+    /* the two-level (cascade) plan of a PA_BATCH_CASCADE batch (empty when
+     * no group shares a page): G groups, S = their queries (shared_q) */
+    PA_BATCH_PREFIX_BLOCK_TABLE = 9,   /* [G, prefix_width] each group's shared pages */
+    PA_BATCH_PREFIX_SEQUSED_K = 10,    /* [G] keys of each group's shared prefix */
+    PA_BATCH_PREFIX_CU_SEQLENS_Q = 11, /* [G + 1] the shared level's queries by group */
+    PA_BATCH_PREFIX_ROWS = 12,         /* [S] the q row (0..total_q-1) of each shared-level query */
+    PA_BATCH_PREFIX_ROW_OF = 13,       /* [total_q] the shared-level row of each q row, -1: none */
+    PA_BATCH_SUFFIX_BLOCK_TABLE = 14,  /* [B, suffix_width] each entry's pages past its shared prefix */
+    PA_BATCH_SUFFIX_CACHE_SEQLENS = 15, /* [B] cache_seqlens less the shared prefix */
+    PA_BATCH_SUFFIX_SEQUSED_K = 16,    /* [B] seqused_k less the shared prefix */
+    PA_BATCH_NUM_FIELDS = 17
 } pa_batch_field;
 
 typedef struct pa_batch_info {
@@ -404,8 +437,9 @@ typedef struct pa_batch_info {
 
 typedef enum pa_batch_flags {
     PA_BATCH_DEFAULT = 0,
-    PA_BATCH_NO_CSR = 1 /* skip kv_indptr, kv_indices, kv_last_page_len (left
+    PA_BATCH_NO_CSR = 1, /* skip kv_indptr, kv_indices, kv_last_page_len (left
                            empty): half the bytes to write and upload */
+    PA_BATCH_CASCADE = 2 /* stage a two-level plan for shared prefixes (below) */
 } pa_batch_flags;
 
 /* dev: where the staged tensors live; NULL = the caches' device (required
@@ -422,6 +456,65 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *batch, int32_t n, const int3
  * attention call that was to write the new tokens failed. */
 pa_status pa_batch_unstage(pa_context *ctx, pa_batch *batch);
 pa_tensor *pa_batch_tensor(const pa_batch *batch, pa_batch_field field);
+
+/* ---- shared prefixes read once (cascade attention) ----
+ * A PA_BATCH_CASCADE batch finds, at each stage, groups of entries whose
+ * leading pages are the same pages of the pool, and stages a two-level plan:
+ * each group's shared prefix, then each entry's own suffix. Only whole pages
+ * that hold keys from before the step are shared (a partial page, and every
+ * page the step writes, belongs to the suffix). Automatic groups come from
+ * the page lists themselves (a trie of the entries' pages; where sharing
+ * nests, as forks of forks do, each entry joins the group that saves the
+ * most page reads, one level deep); given groups (pa_batch_stage_groups)
+ * share the longest run of pages common to all their entries. A group needs
+ * two entries with new tokens; the others run as today.
+ *
+ * pa_batch_attention runs one attention over the staged batch: the shared
+ * level as one attention_varlen call whose queries are all the group's new
+ * tokens over the group's prefix (every query sees every prefix key: they all
+ * come after it), the suffix level as the plain call over the suffix tables,
+ * and merges the two by their log-sum-exp (the results are the plain call's
+ * within the tolerance rule). It runs the plain call instead where the
+ * levels would not give its results: ALiBi (its bias needs each query's true
+ * position inside the prefix), a left window that does not reach back to the
+ * first key, or q rows that are not the staged new tokens. */
+typedef enum pa_cascade_fallback {
+    PA_CASCADE_USED = 0,      /* the last call ran the two levels */
+    PA_CASCADE_OFF = 1,       /* the batch was made without PA_BATCH_CASCADE */
+    PA_CASCADE_NO_GROUPS = 2, /* no two entries share a whole page */
+    PA_CASCADE_ALIBI = 3,     /* alibi_slopes given */
+    PA_CASCADE_WINDOW = 4,    /* a left window that cuts into a shared prefix */
+    PA_CASCADE_ROWS = 5       /* q's rows are not the staged new tokens */
+} pa_cascade_fallback;
+
+typedef struct pa_batch_cascade_info {
+    int32_t groups;          /* groups with a shared level */
+    int32_t grouped;         /* entries in them */
+    int32_t shared_q;        /* queries of the shared level */
+    int32_t prefix_width;    /* most shared pages of a group (prefix_block_table columns) */
+    int32_t suffix_width;    /* suffix_block_table columns */
+    int32_t max_grouped_pos; /* the last position of a grouped query (-1: none) */
+    int64_t prefix_pages;    /* shared pages, over all groups (each read once) */
+    int64_t saved_pages;     /* page reads the shared level saves: per group (entries - 1) x pages */
+    int32_t last_fallback;   /* pa_cascade_fallback of the last pa_batch_attention */
+    int32_t last_calls;      /* attention calls it made (1: the plain call) */
+} pa_batch_cascade_info;
+
+/* pa_batch_stage with groups (maybe NULL: automatic): entries i and j with
+ * groups[i] == groups[j] >= 0 form one group; an entry with a negative label
+ * has none. Only for PA_BATCH_CASCADE batches. */
+pa_status pa_batch_stage_groups(pa_context *ctx, pa_batch *batch, int32_t n, const int32_t *seqs,
+                                const int32_t *num_new, const int32_t *groups, pa_batch_info *info);
+void pa_batch_get_cascade(const pa_batch *batch, pa_batch_cascade_info *out);
+/* One attention over the last stage: p as for attention_varlen (q
+ * [total_q, H, D]) or attention_with_kvcache (q [B, Sq, H, D]; with k
+ * [B, S_new, Hk, D] every entry must have staged S_new new tokens), without
+ * the index tensors (block_table, cache_seqlens, cu_seqlens_q, seqused_k,
+ * max_seqlen_q, the CSR form): the batch sets them. k and v, when given, are
+ * appended first. Two levels where the batch staged groups and the call
+ * allows them (above), else the plain call. A caller's mistake changes
+ * nothing. */
+pa_status pa_batch_attention(pa_context *ctx, pa_batch *batch, const pa_attention_params *p);
 
 /* PA_API_END */
 

@@ -228,6 +228,93 @@ local function run(fname, allowed, varlen, cfn, q, k_cache, v_cache, opts)
   return out, lse
 end
 
+-- out, lse = batch_attention(batch_handle, q, k_cache, v_cache, opts): one
+-- attention over a staged batch (pa_batch_attention: the two levels of a
+-- cascade batch, or the plain call), with the options of the contract
+-- functions less the index tensors, which the batch sets.
+function M.batch_attention(bh, fname, q, k_cache, v_cache, opts)
+  local varlen = is_tensor(q) and #q.shape == 3
+  local out, lse, keep = fill_params(fname, varlen and varlen_opts or kvcache_opts, q, k_cache, v_cache, opts, varlen)
+  if not out then return nil, lse end -- (lse: the allocation's error)
+  local ok, err = check(C.pa_batch_attention(ctx, bh, params), fname)
+  keep = nil
+  if not ok then return nil, err end
+  return out, lse
+end
+
+---------------------------------------------------------------------------
+-- merging partial results
+
+local merge_params = ffi.new("pa_merge_params")
+local tensor_ptrs = ffi.typeof("const pa_tensor*[?]")
+
+-- out, out_lse = pa.merge_states(o_a, lse_a, o_b, lse_b [, out, out_lse])
+-- out, out_lse = pa.merge_states({ {o1, lse1}, {o2, lse2}, ... } [, out, out_lse])
+-- The exact merge of attention results over disjoint key sets by their
+-- log-sum-exp (pagedattn.h, pa_merge_states): o [T, H, D] with lse [H, T]
+-- (attention_varlen's), or o [B, Sq, H, D] with lse [B, H, Sq]
+-- (attention_with_kvcache's). out may be one of the o (in place); out_lse
+-- is made when not given.
+function M.merge_states(a, b, c, d, e, f)
+  local F = "merge_states"
+  local states, out, out_lse, names
+  if is_tensor(a) then
+    states = { { a, b }, { c, d } }
+    out, out_lse = e, f
+    names = { [0] = { "o_a", "lse_a" }, [1] = { "o_b", "lse_b" } }
+  elseif type(a) == "table" then
+    states, out, out_lse = a, b, c
+    if #states < 1 then argerr(F, "states", "expected a list of {o, lse} pairs, got an empty table") end
+  else
+    argerr(F, "o_a", "expected a tensor (or a list of {o, lse} pairs), got " .. type(a))
+  end
+  local function name_of(i, k) -- i 0-based, k 1 (o) or 2 (lse)
+    if names then return names[i][k] end
+    return "states[" .. (i + 1) .. "][" .. k .. "]"
+  end
+  local n = #states
+  local os_, ls = tensor_ptrs(n), tensor_ptrs(n)
+  for i = 1, n do
+    local st = states[i]
+    if type(st) ~= "table" then argerr(F, "states[" .. i .. "]", "expected an {o, lse} pair, got " .. type(st)) end
+    if not is_tensor(st[1]) then argerr(F, name_of(i - 1, 1), "expected a tensor, got " .. type(st[1])) end
+    if not is_tensor(st[2]) then argerr(F, name_of(i - 1, 2), "expected a tensor, got " .. type(st[2])) end
+    os_[i - 1] = live(st[1], F, name_of(i - 1, 1))
+    ls[i - 1] = live(st[2], F, name_of(i - 1, 2))
+  end
+  local o1, l1 = states[1][1], states[1][2]
+  if out ~= nil and not is_tensor(out) then argerr(F, "out", "expected a tensor, got " .. type(out)) end
+  if out_lse ~= nil and not is_tensor(out_lse) then argerr(F, "out_lse", "expected a tensor, got " .. type(out_lse)) end
+  if out == nil then
+    local err
+    out, err = T.new_tensor(o1.shape, o1.dtype, o1.device, F)
+    if not out then return nil, err end
+  end
+  if out_lse == nil then
+    local err
+    out_lse, err = T.new_tensor(l1.shape, "f32", l1.device, F)
+    if not out_lse then return nil, err end
+  end
+  C.pa_merge_params_init(merge_params)
+  merge_params.num_states = n
+  merge_params.o, merge_params.lse = os_, ls
+  merge_params.out = live(out, F, "out")
+  merge_params.out_lse = live(out_lse, F, "out_lse")
+  local st = C.pa_merge_states(ctx, merge_params)
+  merge_params.o, merge_params.lse = nil, nil
+  if st ~= 0 then
+    -- the C message names the states o[i] / lse[i]: use this call's names
+    local msg = core.last_error():gsub("%f[%a](%a+)%[(%d+)%]", function(kind, i)
+      if kind ~= "o" and kind ~= "lse" then return nil end
+      return name_of(tonumber(i), kind == "o" and 1 or 2)
+    end)
+    msg = "pagedattn." .. F .. ": " .. msg
+    if st == 1 then core.raise(msg) end
+    return nil, msg
+  end
+  return out, out_lse
+end
+
 function M.attention_with_kvcache(q, k_cache, v_cache, opts)
   local out, lse = run("attention_with_kvcache", kvcache_opts, false, C.pa_attention_with_kvcache,
                        q, k_cache, v_cache, opts)

@@ -45,24 +45,37 @@ local FIELDS = {
   { "block_table", 0, true }, { "cache_seqlens", 1 }, { "seqused_k", 2 }, { "cu_seqlens_q", 3 },
   { "positions", 4 }, { "batch_indices", 5 }, { "kv_indptr", 6 }, { "kv_indices", 7 },
   { "kv_last_page_len", 8 },
+  -- the two-level plan of a cascade batch (pagedattn.h: shared prefixes read once)
+  { "prefix_block_table", 9, true }, { "prefix_seqused_k", 10 }, { "prefix_cu_seqlens_q", 11 },
+  { "prefix_rows", 12 }, { "prefix_row_of", 13 }, { "suffix_block_table", 14, true },
+  { "suffix_cache_seqlens", 15 }, { "suffix_seqused_k", 16 },
 }
+local cascade_info_t = ffi.typeof("pa_batch_cascade_info")
+-- pa_cascade_fallback -> what b:cascade_info().last says
+local FALLBACK = { [0] = "used", "off", "no groups", "alibi", "window", "rows" }
 
--- cache:batch{ capacity = 256, device = dev, csr = true }: staging buffers for
--- steps of up to `capacity` sequences (they grow when needed). device: where
--- the staged tensors live (default: the caches' device; the CPU for a pool
--- without tensors). csr = false skips the CSR form (kv_indptr, kv_indices,
--- kv_last_page_len stay empty): half the bytes per step.
+-- cache:batch{ capacity = 256, device = dev, csr = true, cascade = false }:
+-- staging buffers for steps of up to `capacity` sequences (they grow when
+-- needed). device: where the staged tensors live (default: the caches'
+-- device; the CPU for a pool without tensors). csr = false skips the CSR form
+-- (kv_indptr, kv_indices, kv_last_page_len stay empty): half the bytes per
+-- step. cascade = true stages a two-level plan for prefixes that entries
+-- share (found from their pages, or the groups given to add()), and
+-- b:attention reads each shared prefix once.
 function Cache:batch(opts)
   local F = "batch"
   opts = opts or {}
   if type(opts) ~= "table" then error("pagedattn.batch: opts: expected a table, got " .. type(opts), 2) end
   for k in pairs(opts) do
-    if k ~= "capacity" and k ~= "device" and k ~= "csr" then
+    if k ~= "capacity" and k ~= "device" and k ~= "csr" and k ~= "cascade" then
       error("pagedattn.batch: " .. tostring(k) .. ": unknown option", 2)
     end
   end
   if opts.csr ~= nil and type(opts.csr) ~= "boolean" then
     error("pagedattn.batch: csr: expected a boolean, got " .. type(opts.csr), 2)
+  end
+  if opts.cascade ~= nil and type(opts.cascade) ~= "boolean" then
+    error("pagedattn.batch: cascade: expected a boolean, got " .. type(opts.cascade), 2)
   end
   local cap = opts.capacity or 64
   if type(cap) ~= "number" or cap < 1 or cap ~= floor(cap) then
@@ -76,20 +89,22 @@ function Cache:batch(opts)
     dev = d
   end
   if getmetatable(dev) ~= T.Device then error("pagedattn.batch: device: expected a device or a name", 2) end
-  local flags = opts.csr == false and C.PA_BATCH_NO_CSR or C.PA_BATCH_DEFAULT
+  local flags = (opts.csr == false and C.PA_BATCH_NO_CSR or 0) + (opts.cascade and C.PA_BATCH_CASCADE or 0)
   local ok, err = check(C.pa_batch_create(ctx, h, dev.handle, flags, batch_box), F)
   if not ok then return nil, err end
   local b = setmetatable({
     cache = self,
     handle = ffi.gc(batch_box[0], C.pa_batch_destroy),
     device = dev,
-    ids = i32_array(cap), counts = i32_array(cap), cap = cap,
+    ids = i32_array(cap), counts = i32_array(cap), groups = i32_array(cap), cap = cap, labeled = false,
     seqs = {}, n = 0,
     info = info_t(),
     staged = false, staged_n = 0,
     size = 0, total_q = 0, max_seqlen_q = 0, max_seqlen_k = 0, max_pages = 0,
     num_indices = 0, new_pages = 0, cow_copies = 0,
     csr = opts.csr ~= false,
+    cascade = opts.cascade == true,
+    cascade_buf = opts.cascade and cascade_info_t() or nil,
     scratch = {},
   }, Batch)
   for _, f in ipairs(FIELDS) do
@@ -106,25 +121,41 @@ end
 -- Forgets the pairs added so far (the sequences are not touched).
 function Batch:clear()
   self.n = 0
+  self.labeled = false
   self.staged = false
   return self
 end
 
 local function grow(self)
   local cap = self.cap * 2
-  local ids, counts = i32_array(cap), i32_array(cap)
+  local ids, counts, groups = i32_array(cap), i32_array(cap), i32_array(cap)
   ffi.copy(ids, self.ids, self.cap * 4)
   ffi.copy(counts, self.counts, self.cap * 4)
-  self.ids, self.counts, self.cap = ids, counts, cap
+  ffi.copy(groups, self.groups, self.cap * 4)
+  self.ids, self.counts, self.groups, self.cap = ids, counts, groups, cap
 end
 
 -- Adds sequence `seq` with `n` new tokens (n >= 0; 0 = attend without appending).
-function Batch:add(seq, n)
+-- group (cascade batches): entries added with the same number >= 0 form one
+-- group, which shares the pages common to all of them; once any entry of a
+-- step has a group, the step's groups are the given ones (an entry without
+-- one is on its own), else they are found from the pages.
+function Batch:add(seq, n, group)
   if type(n) ~= "number" or n < 0 or n > 2147483647 or n ~= floor(n) then
     error("pagedattn.batch:add: n: expected a whole number >= 0, got " .. tostring(n), 2)
   end
   local i = self.n
   if i >= self.cap then grow(self) end
+  if group ~= nil then
+    if not self.cascade then error("pagedattn.batch:add: group: the batch was made without cascade = true", 2) end
+    if type(group) ~= "number" or group < 0 or group > 2147483647 or group ~= floor(group) then
+      error("pagedattn.batch:add: group: expected a whole number >= 0, got " .. tostring(group), 2)
+    end
+    self.groups[i] = group
+    self.labeled = true
+  else
+    self.groups[i] = -1
+  end
   self.ids[i] = seq.id
   self.counts[i] = n
   self.seqs[i + 1] = seq
@@ -153,7 +184,12 @@ function Batch:stage()
   if h == nil then error("pagedattn.batch:stage: batch: closed", 2) end
   if self.cache.handle == nil then error("pagedattn.batch:stage: cache: closed", 2) end
   local n = self.n
-  local st = C.pa_batch_stage(ctx, h, n, self.ids, self.counts, self.info)
+  local st
+  if self.labeled then
+    st = C.pa_batch_stage_groups(ctx, h, n, self.ids, self.counts, self.groups, self.info)
+  else
+    st = C.pa_batch_stage(ctx, h, n, self.ids, self.counts, self.info)
+  end
   if st ~= 0 then
     self.staged = false
     return check(st, "batch:stage")
@@ -174,6 +210,23 @@ function Batch:stage()
     set1(self.kv_indptr, B + 1)
     set1(self.kv_indices, info.num_indices)
     set1(self.kv_last_page_len, B)
+  end
+  if self.cascade then
+    local ci = self.cascade_buf
+    C.pa_batch_get_cascade(h, ci)
+    local G = ci.groups
+    local two = G > 0
+    local pbt, sbt = self.prefix_block_table, self.suffix_block_table
+    pbt.shape[1], pbt.shape[2], pbt.numel = G, ci.prefix_width, G * ci.prefix_width
+    set1(self.prefix_seqused_k, G)
+    set1(self.prefix_cu_seqlens_q, two and G + 1 or 0)
+    set1(self.prefix_rows, two and ci.shared_q or 0)
+    set1(self.prefix_row_of, two and Tq or 0)
+    local rows = two and B or 0
+    sbt.shape[1], sbt.shape[2], sbt.numel = rows, ci.suffix_width, rows * ci.suffix_width
+    set1(self.suffix_cache_seqlens, rows)
+    set1(self.suffix_seqused_k, rows)
+    self.cascade_groups, self.shared_q = G, ci.shared_q
   end
   self.staged = true
   self.staged_n = n
@@ -253,6 +306,10 @@ function Batch:attention(q, k, v, opts)
     if k == nil and o.rotary_cos ~= nil then
       error("pagedattn." .. F .. ": rotary_cos: needs k and v (rotation happens on append)", 2)
     end
+    if self.cascade then
+      o.block_table = nil
+      return attention.batch_attention(self.handle, F, q, kc, vc, o)
+    end
     o.cu_seqlens_q, o.seqused_k = self.cu_seqlens_q, self.seqused_k
     o.max_seqlen_q = self.max_seqlen_q
     return attention.attention_varlen(q, kc, vc, o)
@@ -266,6 +323,10 @@ function Batch:attention(q, k, v, opts)
       o.cache_seqlens = self.cache_seqlens
     else
       o.cache_seqlens = self.seqused_k
+    end
+    if self.cascade then
+      o.block_table, o.cache_seqlens = nil, nil
+      return attention.batch_attention(self.handle, F, q, kc, vc, o)
     end
     return attention.attention_with_kvcache(q, kc, vc, o)
   end
@@ -306,6 +367,24 @@ function Batch:append_kv(k, v, opts)
   local out, err = attention.attention_varlen(s.q, kc, vc, o)
   if not out then return nil, err end
   return true
+end
+
+-- What the last stage planned and the last attention did (cascade batches):
+-- groups, grouped (entries in them), shared_q (their queries), prefix_width,
+-- suffix_width, prefix_pages (shared pages, each read once), saved_pages
+-- (page reads saved: per group (entries - 1) x its pages), max_grouped_pos,
+-- last ("used", or why the last b:attention made the plain call: "off",
+-- "no groups", "alibi", "window", "rows") and calls (attention calls it made).
+function Batch:cascade_info()
+  if self.handle == nil then error("pagedattn.batch:cascade_info: batch: closed", 2) end
+  local ci = cascade_info_t()
+  C.pa_batch_get_cascade(self.handle, ci)
+  return {
+    groups = ci.groups, grouped = ci.grouped, shared_q = ci.shared_q, prefix_width = ci.prefix_width,
+    suffix_width = ci.suffix_width, max_grouped_pos = ci.max_grouped_pos,
+    prefix_pages = tonumber(ci.prefix_pages), saved_pages = tonumber(ci.saved_pages),
+    last = FALLBACK[ci.last_fallback] or tostring(ci.last_fallback), calls = ci.last_calls,
+  }
 end
 
 -- Frees the staging buffers. The views (b.block_table, ...) die with them:

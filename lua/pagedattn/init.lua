@@ -21,6 +21,7 @@ local pa = {
   is_tensor = tensor.is_tensor,
   attention_with_kvcache = attention.attention_with_kvcache,
   attention_varlen = attention.attention_varlen,
+  merge_states = attention.merge_states,
   kv_cache = cache.kv_cache,
   prefix_hashes = cache.prefix_hashes,
 }

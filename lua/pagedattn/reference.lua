@@ -98,125 +98,14 @@ function ref.copy(t)
 end
 
 ---------------------------------------------------------------------------
--- rounding to narrower floating-point formats
+-- rounding to narrower floating-point formats (pagedattn.reference.rounding)
 ---------------------------------------------------------------------------
 
--- p: significand bits including the implicit one; emin: exponent of the
--- smallest normal; max: largest finite value.
-local FORMATS = {
-  f32  = { p = 24, emin = -126, max = (2 - 2 ^ -23) * 2 ^ 127 },
-  f16  = { p = 11, emin = -14,  max = 65504 },
-  bf16 = { p = 8,  emin = -126, max = (2 - 2 ^ -7) * 2 ^ 127 },
-}
-
--- Round to nearest, ties to even; subnormals, overflow to +-inf, NaN and signed
--- zero handled. Scaling by powers of two is exact in binary64, so q below is the
--- exact value in units of the target's ulp and only the final rounding decides.
-local function round_fmt(x, p, emin, maxv)
-  if x ~= x or x == 0 or x == huge or x == -huge then return x end
-  local a = x
-  if a < 0 then a = -a end
-  local _, e = frexp(a)          -- a = m * 2^e, 0.5 <= m < 1
-  local E = e - 1                -- a = 1.f * 2^E
-  if E < emin then E = emin end  -- subnormal range: fixed quantum 2^(emin-p+1)
-  local sh = p - 1 - E
-  local q = ldexp(a, sh)         -- 0 < q < 2^p, exact
-  local f = floor(q)
-  local r = q - f
-  if r > 0.5 or (r == 0.5 and f % 2 == 1) then f = f + 1 end
-  local res = ldexp(f, -sh)
-  if res > maxv then res = huge end
-  if x < 0 then return -res end  -- -0 when a negative value rounds to zero
-  return res
-end
-
-local function identity(x) return x end
-
-local ROUNDERS = { f64 = identity }
-for name, f in pairs(FORMATS) do
-  local p, emin, maxv = f.p, f.emin, f.max
-  ROUNDERS[name] = function(x) return round_fmt(x, p, emin, maxv) end
-end
-
--- f32 without frexp (which LuaJIT does not compile), for the hot loops of the
--- precision emulation: for 2^-100 <= |x| <= 2^100, Veltkamp's split with
--- x * (2^29 + 1) rounds x to nearest with 24 bits (ties went to even in every
--- case tried: reference_spec compares it with the hardware's f32 conversion on
--- random values and ties). Outside that range round_fmt.
-do
-  local slow = ROUNDERS.f32
-  local SPLIT, LO, HI = 2 ^ 29 + 1, 2 ^ -100, 2 ^ 100
-  ROUNDERS.f32 = function(x)
-    local a = x < 0 and -x or x
-    if a >= LO and a <= HI then
-      local c = x * SPLIT
-      return c - (c - x)
-    end
-    return slow(x)
-  end
-end
-
--- fp8 (e4m3fn: no infinities, NaN = S.1111.111; e5m2: IEEE-like): rounded
--- to nearest even and saturated at the largest finite value, infinities
--- too, as pagedattn writes them (NaN stays NaN).
-local FP8 = {
-  fp8_e4m3 = { p = 4, emin = -6, bias = 7, max = 448 },
-  fp8_e5m2 = { p = 3, emin = -14, bias = 15, max = 57344 },
-}
-for name, f in pairs(FP8) do
-  local p, emin, maxv = f.p, f.emin, f.max
-  ROUNDERS[name] = function(x)
-    if x ~= x then return x end
-    if x >= maxv then return maxv end
-    if x <= -maxv then return -maxv end
-    return round_fmt(x, p, emin, maxv)
-  end
-end
-
-local function rounder(dtype, what)
-  local r = ROUNDERS[dtype or "f64"]
-  if not r then
-    error(format("reference: %s must be one of \"f64\", \"f32\", \"f16\", \"bf16\", " ..
-      "\"fp8_e4m3\", \"fp8_e5m2\", got %s", what or "dtype", tostring(dtype)), 3)
-  end
-  return r
-end
-
--- ref.fp8_decode(byte, dtype): the value of an fp8 byte (0..255), written
--- from the formats' definitions, apart from the library's decoders.
-function ref.fp8_decode(byte, dtype)
-  local f = FP8[dtype]
-  assert(f, "reference.fp8_decode: dtype must be \"fp8_e4m3\" or \"fp8_e5m2\"")
-  assert(is_int(byte) and byte >= 0 and byte <= 255, "reference.fp8_decode: byte must be in [0, 255]")
-  local m = f.p - 1
-  local sign = byte >= 128 and -1 or 1
-  local b = byte % 128
-  local e, man = floor(b / 2 ^ m), b % 2 ^ m
-  local emax_field = 2 ^ (7 - m) - 1
-  if dtype == "fp8_e4m3" and b == 127 then return 0 / 0 end
-  if dtype == "fp8_e5m2" and e == emax_field then
-    if man == 0 then return sign * huge end
-    return 0 / 0
-  end
-  if e == 0 then return sign * man * 2 ^ (f.emin - m) end
-  return sign * (1 + man / 2 ^ m) * 2 ^ (e - f.bias)
-end
-
+local rounding = require "pagedattn.reference.rounding"
+local ROUNDERS, FP8, rounder, identity = rounding.ROUNDERS, rounding.FP8, rounding.rounder, rounding.identity
+-- ref.fp8_decode(byte, dtype): the value of an fp8 byte (0..255);
 -- ref.fp8_encode(x, dtype): the byte that x rounds to (saturating).
-function ref.fp8_encode(x, dtype)
-  local f = FP8[dtype]
-  assert(f, "reference.fp8_encode: dtype must be \"fp8_e4m3\" or \"fp8_e5m2\"")
-  local m = f.p - 1
-  local y = ROUNDERS[dtype](x)
-  if y ~= y then return 127 end
-  local sign = (y < 0 or (y == 0 and 1 / y < 0)) and 128 or 0
-  local a = abs(y)
-  if a == 0 then return sign end
-  local _, e = frexp(a)
-  local E = e - 1
-  if E < f.emin then return sign + a / 2 ^ (f.emin - m) end
-  return sign + (E + f.bias) * 2 ^ m + (a / 2 ^ E - 1) * 2 ^ m
-end
+ref.fp8_decode, ref.fp8_encode = rounding.fp8_decode, rounding.fp8_encode
 
 -- ref.round(x, dtype): x rounded to dtype ("f64", "f32", "f16", "bf16",
 -- "fp8_e4m3", "fp8_e5m2").
@@ -271,109 +160,14 @@ function ref.tolerance(dtype, naive_err)
 end
 
 ---------------------------------------------------------------------------
--- deterministic RNG: MRG32k3a (L'Ecuyer 1999), designed for binary64
--- arithmetic: every product stays below 2^53, so the stream is bit-identical
--- under LuaJIT and PUC Lua. normal() uses the polar method with a log
--- computed here from + - * / only, so it does not depend on the libm either.
+-- deterministic RNG (pagedattn.reference.rng: MRG32k3a, the same stream
+-- under LuaJIT and PUC Lua)
 ---------------------------------------------------------------------------
 
-local M1, M2 = 4294967087, 4294944443
-local A12, A13N, A21, A23N = 1403580, 810728, 527612, 1370589
-local MRG_NORM = 2.328306549295727688e-10 -- 1 / (M1 + 1)
-local TWO32 = 4294967296
-local LN2 = 0.6931471805599453
-local SQRT_HALF = 0.7071067811865476
-
-local function det_log(x) -- x > 0, finite
-  local m, e = frexp(x)
-  if m < SQRT_HALF then m = m * 2; e = e - 1 end -- m in [sqrt(1/2), sqrt(2))
-  local t = (m - 1) / (m + 1)                      -- |t| < 0.172
-  local t2 = t * t
-  local term, sum = t, t
-  for k = 3, 31, 2 do
-    term = term * t2
-    sum = sum + term / k
-  end
-  return 2 * sum + e * LN2
-end
-
-local Rng = {}
-Rng.__index = Rng
-
-local function mrg_mod(p, m)
-  p = p - floor(p / m) * m
-  if p < 0 then p = p + m elseif p >= m then p = p - m end
-  return p
-end
-
--- uniform in (0, 1)
-function Rng:uniform()
-  local p1 = mrg_mod(A12 * self.s11 - A13N * self.s10, M1)
-  self.s10, self.s11, self.s12 = self.s11, self.s12, p1
-  local p2 = mrg_mod(A21 * self.s22 - A23N * self.s20, M2)
-  self.s20, self.s21, self.s22 = self.s21, self.s22, p2
-  if p1 > p2 then return (p1 - p2) * MRG_NORM end
-  return (p1 - p2 + M1) * MRG_NORM
-end
-
--- standard normal
-function Rng:normal()
-  local spare = self.spare
-  if spare then
-    self.spare = nil
-    return spare
-  end
-  local u, v, s
-  repeat
-    u = 2 * self:uniform() - 1
-    v = 2 * self:uniform() - 1
-    s = u * u + v * v
-  until s < 1 and s > 0
-  local f = sqrt(-2 * det_log(s) / s)
-  self.spare = v * f
-  return u * f
-end
-
--- integer uniform in [lo, hi]
-function Rng:int(lo, hi)
-  assert(is_int(lo) and is_int(hi) and lo <= hi,
-    "rng:int(lo, hi): integers with lo <= hi expected")
-  local n = hi - lo + 1
-  local k = floor(self:uniform() * n)
-  if k >= n then k = n - 1 end
-  return lo + k
-end
-
--- in-place Fisher-Yates shuffle of a 1-based array
-function Rng:shuffle(arr)
-  for i = #arr, 2, -1 do
-    local j = self:int(1, i)
-    arr[i], arr[j] = arr[j], arr[i]
-  end
-  return arr
-end
-
 -- ref.rng(seed): seed is an integer in [0, 2^53); nil takes os.time(). The seed
--- is kept in rng.seed so that specs can print it.
-function ref.rng(seed)
-  if seed == nil then seed = os.time() end
-  assert(is_int(seed) and seed >= 0 and seed < 2 ^ 53,
-    "reference.rng: seed must be an integer in [0, 2^53), got " .. tostring(seed))
-  local x = seed % TWO32
-  local y = floor(seed / TWO32) % TWO32
-  local s = {}
-  for i = 1, 6 do
-    x = (69069 * x + 1) % TWO32
-    y = (1664525 * y + 1013904223) % TWO32
-    s[i] = (x + y) % (i <= 3 and M1 or M2)
-  end
-  if s[1] == 0 and s[2] == 0 and s[3] == 0 then s[1] = 1 end
-  if s[4] == 0 and s[5] == 0 and s[6] == 0 then s[4] = 1 end
-  local r = setmetatable({ seed = seed, s10 = s[1], s11 = s[2], s12 = s[3],
-    s20 = s[4], s21 = s[5], s22 = s[6] }, Rng)
-  for _ = 1, 16 do r:uniform() end
-  return r
-end
+-- is kept in rng.seed so that specs can print it. Methods: uniform() in
+-- (0, 1), normal(), int(lo, hi), shuffle(array).
+ref.rng = require("pagedattn.reference.rng").new
 
 -- ref.randn(shape, rng, dtype): standard normal values, rounded to dtype
 -- (default "f64").
@@ -938,6 +732,80 @@ function ref.attention_varlen(q, k_cache, v_cache, opts)
   local akd, avd = dequantize(kd, c.k_scale, Hk, D, c.R), dequantize(vd, c.v_scale, Hk, D, c.R)
   for b = 1, B do
     attend_seq(c, seqs[b], q.data, akd, avd, out.data, lse.data, H, D, scr)
+  end
+  return out, lse
+end
+
+-- out, lse = ref.merge_states(states, opts): partial attention results over
+-- disjoint key sets merged by their log-sum-exp. states: a list of
+-- {o, lse} pairs of reference tensors, all o [T, H, D] with lse [H, T], or
+-- all o [B, Sq, H, D] with lse [B, H, Sq]. For each row and head, with
+-- m = max lse_s: out = sum_s exp(lse_s - m) o_s / sum_s exp(lse_s - m),
+-- lse = m + log(sum_s exp(lse_s - m)); a state with lse -inf counts for
+-- nothing (its o is not read), and when all are -inf out is 0 and lse -inf.
+-- opts.precision ("f64" default, "f32", "f16", "bf16"): a naive merge in f32
+-- whose result is rounded to that dtype (the tolerance rule's baseline).
+function ref.merge_states(states, opts)
+  opts = opts or {}
+  assert(type(states) == "table" and #states >= 1, "reference.merge_states: a list of {o, lse} pairs expected")
+  local R = opts.precision and opts.precision ~= "f64" and rounder(opts.precision, "opts.precision") or nil
+  local F = R and ROUNDERS.f32 or identity
+  local o1 = states[1][1]
+  local os = check_tensor(o1, #o1.shape, "states[1][1]")
+  local rank = #os
+  assert(rank == 3 or rank == 4, "reference.merge_states: o must be [T, H, D] or [B, Sq, H, D]")
+  local H, D = os[rank - 1], os[rank]
+  local nb, seq = rank == 3 and 1 or os[1], rank == 3 and os[1] or os[2]
+  local n = #states
+  for s = 1, n do
+    local o, l = states[s][1], states[s][2]
+    local sh = check_tensor(o, rank, format("states[%d][1]", s))
+    for i = 1, rank do
+      assert(sh[i] == os[i], format("reference.merge_states: states[%d][1] is %s, states[1][1] %s", s,
+        shape_str(sh), shape_str(os)))
+    end
+    local want = rank == 3 and { H, seq } or { nb, H, seq }
+    local ls = check_tensor(l, #want, format("states[%d][2]", s))
+    for i = 1, #want do
+      assert(ls[i] == want[i], format("reference.merge_states: states[%d][2] is %s, expected %s", s,
+        shape_str(ls), shape_str(want)))
+    end
+  end
+  local out = ref.tensor(os)
+  local lse = ref.tensor(rank == 3 and { H, seq } or { nb, H, seq })
+  local od, ld = out.data, lse.data
+  local w = {}
+  for bi = 0, nb - 1 do
+    for i = 0, seq - 1 do
+      for h = 0, H - 1 do
+        local li = bi * H * seq + h * seq + i + 1  -- lse element
+        local oo = ((bi * seq + i) * H + h) * D     -- o row offset
+        local m = -huge
+        for s = 1, n do
+          local v = states[s][2].data[li]
+          if v > m then m = v end
+        end
+        if m == -huge then
+          for d = 1, D do od[oo + d] = 0 end
+          ld[li] = -huge
+        else
+          local sum = 0
+          for s = 1, n do
+            local v = states[s][2].data[li]
+            w[s] = v == -huge and 0 or F(exp(F(v - m)))
+            sum = F(sum + w[s])
+          end
+          for d = 1, D do
+            local acc = 0
+            for s = 1, n do
+              if w[s] ~= 0 then acc = F(acc + F(F(w[s] / sum) * states[s][1].data[oo + d])) end
+            end
+            od[oo + d] = R and R(acc) or acc
+          end
+          ld[li] = F(m + F(log(sum)))
+        end
+      end
+    end
   end
   return out, lse
 end

@@ -32,7 +32,7 @@ local OPTIONS = {
   attention_heads = true, page_size = true, pages = true, budget = true, max_batch = true,
   prefix_cache = true, share_system = true, check = true, seed = true, slo_ttft_ms = true,
   slo_tpot_ms = true, ceilings = true, progress = true, dtype = true, kv_dtype = true,
-  k_scale = true, v_scale = true,
+  k_scale = true, v_scale = true, cascade = true,
 }
 
 local function argerr(name, msg) error("serve.run: " .. name .. ": " .. msg, 3) end
@@ -125,7 +125,9 @@ end
 --   trace_block, policy, model, device, clock ("model" | "steps"), step_ms, layers,
 --   attention_heads, page_size, pages, budget, max_batch, prefix_cache,
 --   share_system, check, seed, slo_ttft_ms, slo_tpot_ms, ceilings, progress, dtype,
---   kv_dtype (the cache's: dtype, fp8_e4m3 or fp8_e5m2), k_scale, v_scale (fp8).
+--   kv_dtype (the cache's: dtype, fp8_e4m3 or fp8_e5m2), k_scale, v_scale (fp8),
+--   cascade (shared prefixes read once: batch{cascade = true}; each step whose
+--   batch shares pages also times the plain call, for the report).
 -- result: records (one per request, metrics.REQUEST_COLUMNS), summary
 -- (metrics.summary plus the run's settings), report (what the command line prints).
 function M.run(o)
@@ -166,6 +168,8 @@ function M.run(o)
   if clock_kind ~= "model" and clock_kind ~= "steps" then argerr("clock", "model or steps, got " .. tostring(clock_kind)) end
   local step_s = positive(o, "step_ms", 10) / 1e3
   local prefix_cache = o.prefix_cache == true
+  if o.cascade ~= nil and type(o.cascade) ~= "boolean" then argerr("cascade", "expected a boolean, got " .. type(o.cascade)) end
+  local cascade = o.cascade == true
   local slo_ttft, slo_tpot = o.slo_ttft_ms, o.slo_tpot_ms
   if slo_ttft ~= nil then positive(o, "slo_ttft_ms") end
   if slo_tpot ~= nil then positive(o, "slo_tpot_ms") end
@@ -212,7 +216,7 @@ function M.run(o)
     cache = assert(pa.kv_cache{ num_pages = pages, page_size = page_size, layers = 0 })
   end
   if prefix_cache then cache:enable_prefix_cache(true) end
-  local batch = assert(cache:batch({ capacity = max_batch, device = dev }))
+  local batch = assert(cache:batch({ capacity = max_batch, device = dev, cascade = cascade }))
   local check = o.check == true and layers > 0
   local cos, sin, half
   if layers > 0 then cos, sin, half = rope(pa, dev, max_len + 1, D, dtype) end
@@ -242,25 +246,49 @@ function M.run(o)
 
   -- one step of compute: attention on every layer; returns the seconds of
   -- one layer's attention (measured, scaled to the model's heads) and the
-  -- first layer's tensors for the check
-  local function attend(step_seed)
+  -- first layer's tensors for the check. With cascade, where the batch shares
+  -- pages, the plain call runs too, on the same tensors (its append writes
+  -- what the cascade's wrote), first on odd steps and last on even ones
+  -- (neither profits from the other's warm caches every time); the fifth
+  -- result is its time, as the first's.
+  local function attend(step_seed, step)
+    step = step or 0
     local T = batch.total_q
-    local attn_s, out, q1, k1, v1 = 0, nil, nil, nil, nil
+    local both = cascade and batch.cascade_groups > 0
+    local attn_s, plain_s, out, q1, k1, v1 = 0, 0, nil, nil, nil, nil
     for l = 1, layers do
       local q = assert(pa.randn({ T, Hq_run, D }, dtype, dev, step_seed + 3 * l))
       local k = assert(pa.randn({ T, Hk_run, D }, dtype, dev, step_seed + 3 * l + 1))
       local v = assert(pa.randn({ T, Hk_run, D }, dtype, dev, step_seed + 3 * l + 2))
+      local function plain()
+        dev:synchronize()
+        local t0 = clock_now()
+        assert(pa.attention_varlen(q, cache.k_caches[l], cache.v_caches[l], { k = k, v = v,
+          block_table = batch.block_table, cu_seqlens_q = batch.cu_seqlens_q, seqused_k = batch.seqused_k,
+          max_seqlen_q = batch.max_seqlen_q, causal = true, rotary_cos = cos, rotary_sin = sin,
+          rotary_interleaved = false }))
+        dev:synchronize()
+        plain_s = plain_s + (clock_now() - t0)
+      end
+      if both and step % 2 == 1 then plain() end
       dev:synchronize()
       local t0 = clock_now()
       local res, aerr = batch:attention(q, k, v, { layer = l, rotary_cos = cos, rotary_sin = sin,
         rotary_interleaved = false })
       if not res then error("serve: attention failed: " .. tostring(aerr), 0) end
       dev:synchronize()
-      attn_s = attn_s + (clock_now() - t0)
+      local dt = clock_now() - t0
+      attn_s = attn_s + dt
+      if both and step % 2 == 0 then plain() end
+      if not both then plain_s = plain_s + dt end
       if l == 1 then out, q1, k1, v1 = res, q, k, v end
     end
-    return layers > 0 and attn_s / layers * attn_scale or nil, out, q1, k1, v1
+    if layers == 0 then return nil, out, q1, k1, v1, nil end
+    return attn_s / layers * attn_scale, out, q1, k1, v1, plain_s / layers * attn_scale
   end
+  -- what the cascade did, over the run
+  local cstats = { steps = 0, used = 0, attn_s = 0, plain_s = 0, saved_pages = 0, prefix_pages = 0, groups = 0,
+    model_saved_s = 0, read_pages = 0 }
 
   -- the shared system prompt, prefilled once before the first arrival
   if share then
@@ -319,9 +347,25 @@ function M.run(o)
       end
       e:stage()
       local t1 = clock_now()
-      local attn_layer_s, out, q, k, v
+      local attn_layer_s, out, q, k, v, plain_layer_s
       if layers > 0 then
-        attn_layer_s, out, q, k, v = attend(seed * 1000003 + e.step * 64)
+        attn_layer_s, out, q, k, v, plain_layer_s = attend(seed * 1000003 + e.step * 64, e.step)
+      end
+      if cascade then
+        local ci = batch:cascade_info()
+        cstats.steps = cstats.steps + 1
+        if ci.groups > 0 then
+          cstats.used = cstats.used + 1
+          cstats.groups = cstats.groups + ci.groups
+          cstats.saved_pages = cstats.saved_pages + ci.saved_pages
+          cstats.prefix_pages = cstats.prefix_pages + ci.prefix_pages
+        end
+        -- page reads of the plain call: every entry's pages
+        for i = 1, e.nlist do cstats.read_pages = cstats.read_pages + e.list[i].seq:num_pages() end
+        if attn_layer_s then
+          cstats.attn_s = cstats.attn_s + attn_layer_s
+          cstats.plain_s = cstats.plain_s + plain_layer_s
+        end
       end
       local t2 = clock_now()
       attn_wall_s = attn_wall_s + (t2 - t1)
@@ -349,6 +393,10 @@ function M.run(o)
           end
         end
         dt = M.clock.step_seconds(model, rates, attn_layer_s, e.step_tokens, logits, e.nlist, qbuf, kbuf)
+        if cascade and plain_layer_s then
+          cstats.model_saved_s = cstats.model_saved_s +
+            M.clock.step_seconds(model, rates, plain_layer_s, e.step_tokens, logits, e.nlist, qbuf, kbuf) - dt
+        end
       end
       e.now = e.now + dt
       model_s = model_s + dt
@@ -394,7 +442,20 @@ function M.run(o)
     attention_wall_s = attn_wall_s,
     host_share = model_s > 0 and host_s / model_s or 0,
     prefill_tokens = e.stats.prefill, decode_tokens = e.stats.decode, recomputed_tokens = e.stats.recomputed,
+    cascade = cascade,
   }
+  if cascade then
+    -- per step of the run; the plain call measured on the same steps
+    summary.cascade = {
+      steps_shared = cstats.used, steps = cstats.steps,
+      groups_per_shared_step = cstats.used > 0 and cstats.groups / cstats.used or 0,
+      page_reads_saved_fraction = cstats.read_pages > 0 and cstats.saved_pages / cstats.read_pages or 0,
+      attention_ms_per_step = layers > 0 and cstats.attn_s / max(1, cstats.steps) * 1e3 or nil,
+      plain_attention_ms_per_step = layers > 0 and cstats.plain_s / max(1, cstats.steps) * 1e3 or nil,
+      attention_saved_fraction = cstats.plain_s > 0 and 1 - cstats.attn_s / cstats.plain_s or 0,
+      modelled_s_saved = clock_kind == "model" and layers > 0 and cstats.model_saved_s or nil,
+    }
+  end
   local report = {
     info = info, model = model, policy = policy, device = dev, nsteps = nsteps, wall = wall, host_s = host_s,
     attn_wall_s = attn_wall_s, util = nsteps > 0 and totals.util / nsteps or 0, peak = s.peak_used_pages,

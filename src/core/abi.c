@@ -147,6 +147,23 @@ static const abi_entry entries[] = {
     FIELD(pa_batch_info, num_indices),
     FIELD(pa_batch_info, new_pages),
     FIELD(pa_batch_info, cow_copies),
+    SIZE(pa_merge_params),
+    FIELD(pa_merge_params, num_states),
+    FIELD(pa_merge_params, o),
+    FIELD(pa_merge_params, lse),
+    FIELD(pa_merge_params, out),
+    FIELD(pa_merge_params, out_lse),
+    SIZE(pa_batch_cascade_info),
+    FIELD(pa_batch_cascade_info, groups),
+    FIELD(pa_batch_cascade_info, grouped),
+    FIELD(pa_batch_cascade_info, shared_q),
+    FIELD(pa_batch_cascade_info, prefix_width),
+    FIELD(pa_batch_cascade_info, suffix_width),
+    FIELD(pa_batch_cascade_info, max_grouped_pos),
+    FIELD(pa_batch_cascade_info, prefix_pages),
+    FIELD(pa_batch_cascade_info, saved_pages),
+    FIELD(pa_batch_cascade_info, last_fallback),
+    FIELD(pa_batch_cascade_info, last_calls),
 };
 
 static const abi_entry *find(const char *type, const char *field) {

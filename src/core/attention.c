@@ -692,6 +692,7 @@ static pa_status check_last_page_len(pa_context *ctx, const pa_attention_params 
 
 static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb) {
     if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
+    if (ctx && ctx->check_only) return PA_OK; /* pa_attention_check: validated, nothing run */
     /* What the kernels write: the caches only when appending. A read-only
      * input is never written, so threads may share it (pagedattn.h). */
     if (pb->total_new > 0) {
@@ -866,5 +867,19 @@ static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int
         if (st == PA_OK && pb.total_q > 0) st = run(ctx, p, &pb);
     }
     scratch_free(&s);
+    return st;
+}
+
+pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen) {
+    pa_context local;
+    if (!ctx) { /* the message has nowhere to go, but the status still says it */
+        memset(&local, 0, sizeof local);
+        ctx = &local;
+    }
+    const bool was = ctx->check_only;
+    ctx->check_only = true;
+    pa_status st = varlen ? pa_attention_varlen(ctx, p) : pa_attention_with_kvcache(ctx, p);
+    ctx->check_only = was;
+    if (ctx == &local) free(local.bt.valid);
     return st;
 }

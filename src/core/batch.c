@@ -12,55 +12,20 @@
  * the views' host mirror (tensor.c), until the next stage starts: attention
  * on the views plans from it without downloading them.
  */
-#include "pool.h"
+#include "batch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #define ALIGN_ELEMS 16 /* each array starts on a 64-byte boundary */
 
-/* One entry of a stage's plan (scratch: a failed stage may leave it half
- * written, so nothing here is needed after the stage returns). */
-typedef struct entry {
-    pa_seq *seq;
-    int32_t fresh;        /* new pages */
-    int32_t cow_page;     /* the copy of its shared partial page, or -1 */
-    int32_t num_new;
-    int32_t pages_after;  /* pages holding its tokens after the step */
-    bool cow;
-} entry;
-
-/* What pa_batch_unstage needs of an entry of the last successful stage:
- * written only when a stage commits, so a failed stage cannot spoil it. */
-typedef struct undo_entry {
-    int32_t id;
-    int32_t before_len;
-    int32_t before_pages;
-    int32_t num_new;
-    int32_t fresh;
-} undo_entry;
-
-struct pa_batch {
-    pa_pool *pool;
-    pa_device *dev; /* holds a reference */
-    void *dev_buf;  /* device buffer of cap_elems int32 */
-    int32_t *host_buf; /* staging copy when the device is not host-accessible */
-    size_t cap_elems;
-    pa_tensor views[PA_BATCH_NUM_FIELDS];
-    entry *entries;   /* the plan of the stage in progress */
-    undo_entry *undo; /* the last successful stage, for pa_batch_unstage */
-    int32_t entry_cap;
-    int32_t undo_cap;
-    int32_t staged_n; /* entries of the last stage; -1 when there is nothing to undo */
-    bool csr;         /* write the CSR arrays */
-};
-
 pa_status pa_batch_create(pa_context *ctx, pa_pool *pool, pa_device *dev, int32_t flags,
                           pa_batch **out) {
     if (!out) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: out is NULL");
     *out = NULL;
     if (!pool) return pa_fail(ctx, PA_ERR_ARGUMENT, "pool: NULL");
-    if (flags & ~(int32_t)PA_BATCH_NO_CSR) return pa_fail(ctx, PA_ERR_ARGUMENT, "flags: unknown bits 0x%x", (unsigned)flags);
+    if (flags & ~(int32_t)(PA_BATCH_NO_CSR | PA_BATCH_CASCADE))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "flags: unknown bits 0x%x", (unsigned)flags);
     if (!dev) dev = pool->dev;
     if (!dev) return pa_fail(ctx, PA_ERR_ARGUMENT, "dev: required (the pool has no cache tensors)");
     pa_batch *b = calloc(1, sizeof *b);
@@ -70,16 +35,21 @@ pa_status pa_batch_create(pa_context *ctx, pa_pool *pool, pa_device *dev, int32_
     b->dev = dev;
     b->staged_n = -1;
     b->csr = !(flags & PA_BATCH_NO_CSR);
+    b->cascade = (flags & PA_BATCH_CASCADE) != 0;
     for (int f = 0; f < PA_BATCH_NUM_FIELDS; f++) {
         pa_tensor *t = &b->views[f];
         t->dev = dev;
         t->dtype = PA_I32;
-        t->ndim = f == PA_BATCH_BLOCK_TABLE ? 2 : 1;
+        t->ndim = f == PA_BATCH_BLOCK_TABLE || f == PA_BATCH_PREFIX_BLOCK_TABLE || f == PA_BATCH_SUFFIX_BLOCK_TABLE ? 2 : 1;
     }
     b->views[PA_BATCH_CU_SEQLENS_Q].shape[0] = 1;
     b->views[PA_BATCH_CU_SEQLENS_Q].numel = 1;
     b->views[PA_BATCH_KV_INDPTR].shape[0] = 1;
     b->views[PA_BATCH_KV_INDPTR].numel = 1;
+    b->views[PA_BATCH_PREFIX_CU_SEQLENS_Q].shape[0] = 1;
+    b->views[PA_BATCH_PREFIX_CU_SEQLENS_Q].numel = 1;
+    b->cascade_info.max_grouped_pos = -1;
+    b->cascade_info.last_fallback = b->cascade ? PA_CASCADE_NO_GROUPS : PA_CASCADE_OFF;
     *out = b;
     return PA_OK;
 }
@@ -103,6 +73,7 @@ void pa_batch_destroy(pa_batch *b) {
         b->dev->ops->synchronize(NULL, b->dev);
         b->dev->ops->free(b->dev, b->dev_buf);
     }
+    pa_cascade_release(b); /* (after the synchronize: its scratch too may be read) */
     free(b->host_buf);
     free(b->entries);
     free(b->undo);
@@ -216,6 +187,56 @@ static void set_view(pa_batch *b, pa_batch_field f, size_t off, int64_t d0, int6
     pa_mirror_changed(t); /* new contents, in the same tensor as last step's */
 }
 
+/* Writes the two-level plan's arrays (b->plan, after the commit: each
+ * entry's pages are final) next to the plain ones already in base. */
+static void write_cascade(pa_batch *b, int32_t n, int32_t *base, const size_t *off) {
+    const pa_cascade_plan *cp = &b->plan;
+    const int32_t G = cp->info.groups, PW = cp->info.prefix_width, SW = cp->info.suffix_width;
+    const int32_t ps = b->pool->page_size;
+    const int32_t *cache_seqlens = base + off[PA_BATCH_CACHE_SEQLENS];
+    const int32_t *seqused = base + off[PA_BATCH_SEQUSED_K];
+    const int32_t *cu = base + off[PA_BATCH_CU_SEQLENS_Q];
+    int32_t *pbt = base + off[PA_BATCH_PREFIX_BLOCK_TABLE];
+    int32_t *pk = base + off[PA_BATCH_PREFIX_SEQUSED_K];
+    int32_t *pcu = base + off[PA_BATCH_PREFIX_CU_SEQLENS_Q];
+    int32_t *prows = base + off[PA_BATCH_PREFIX_ROWS];
+    int32_t *row_of = base + off[PA_BATCH_PREFIX_ROW_OF];
+    int32_t *sbt = base + off[PA_BATCH_SUFFIX_BLOCK_TABLE];
+    int32_t *scs = base + off[PA_BATCH_SUFFIX_CACHE_SEQLENS];
+    int32_t *ssu = base + off[PA_BATCH_SUFFIX_SEQUSED_K];
+    pcu[0] = 0;
+    for (int32_t g = 0; g < G; g++) {
+        const pa_seq *lead = b->entries[cp->group_lead[g]].seq;
+        const int32_t pages = cp->group_pages[g];
+        int32_t *row = pbt + (size_t)g * (size_t)PW;
+        memcpy(row, lead->pages, (size_t)pages * sizeof(int32_t));
+        if (pages < PW) memset(row + pages, 0, (size_t)(PW - pages) * sizeof(int32_t));
+        pk[g] = pages * ps;
+        pcu[g + 1] = pcu[g] + cp->group_q[g];
+        cp->group_q[g] = pcu[g]; /* from here on: the next row of group g */
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const entry *e = &b->entries[i];
+        const int32_t pre = cp->prefix[i], g = cp->group[i];
+        const int32_t q0 = cu[i], nq = cu[i + 1] - cu[i];
+        for (int32_t t = 0; t < nq; t++) {
+            if (g >= 0) {
+                const int32_t at = cp->group_q[g]++;
+                prows[at] = q0 + t;
+                row_of[q0 + t] = at;
+            } else {
+                row_of[q0 + t] = -1;
+            }
+        }
+        const int32_t pages = e->pages_after - pre;
+        int32_t *row = sbt + (size_t)i * (size_t)SW;
+        if (pages > 0) memcpy(row, e->seq->pages + pre, (size_t)pages * sizeof(int32_t));
+        if (pages < SW) memset(row + (pages > 0 ? pages : 0), 0, (size_t)(SW - (pages > 0 ? pages : 0)) * sizeof(int32_t));
+        scs[i] = cache_seqlens[i] - pre * ps;
+        ssu[i] = seqused[i] - pre * ps;
+    }
+}
+
 /* Returns the sequences of the undo record's first n entries to their state
  * before the stage. */
 static void rollback(pa_batch *b, int32_t n) {
@@ -227,7 +248,14 @@ static void rollback(pa_batch *b, int32_t n) {
 
 pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t *seqs,
                          const int32_t *num_new, pa_batch_info *info) {
+    return pa_batch_stage_groups(ctx, b, n, seqs, num_new, NULL, info);
+}
+
+pa_status pa_batch_stage_groups(pa_context *ctx, pa_batch *b, int32_t n, const int32_t *seqs,
+                                const int32_t *num_new, const int32_t *groups, pa_batch_info *info) {
     if (!b) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: NULL");
+    if (groups && !b->cascade)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "groups: the batch stages no cascade plan (made without PA_BATCH_CASCADE)");
     if (n < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %d is negative", n);
     if (n > 0 && !seqs) return pa_fail(ctx, PA_ERR_ARGUMENT, "seqs: NULL");
     if (n > 0 && !num_new) return pa_fail(ctx, PA_ERR_ARGUMENT, "num_new: NULL");
@@ -296,6 +324,15 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         return pa_fail(ctx, PA_ERR_OUT_OF_PAGES,
                        "seqs: out of pages: the batch needs %lld more pages (%lld of them copies of shared pages), the pool has %lld free of %lld",
                        (long long)need, (long long)cows, (long long)pa_pool_available(pool), (long long)pool->num_pages);
+    /* the shared prefixes: pages before every entry's new tokens, which the
+     * commit below does not touch */
+    const pa_batch_cascade_info *cinfo = NULL;
+    if (b->cascade) {
+        st = pa_cascade_plan_stage(ctx, b, n, groups);
+        if (st) return st;
+        cinfo = &b->plan.info;
+    }
+    const bool two_level = cinfo && cinfo->groups > 0;
 
     /* layout of the staging buffer */
     const size_t B = (size_t)n, T = (size_t)total_q;
@@ -305,6 +342,14 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
         [PA_BATCH_SEQUSED_K] = B, [PA_BATCH_CU_SEQLENS_Q] = B + 1, [PA_BATCH_POSITIONS] = T,
         [PA_BATCH_BATCH_INDICES] = T, [PA_BATCH_KV_INDPTR] = b->csr ? B + 1 : 0,
         [PA_BATCH_KV_INDICES] = b->csr ? (size_t)nnz : 0, [PA_BATCH_KV_LAST_PAGE_LEN] = b->csr ? B : 0,
+        [PA_BATCH_PREFIX_BLOCK_TABLE] = two_level ? (size_t)cinfo->groups * (size_t)cinfo->prefix_width : 0,
+        [PA_BATCH_PREFIX_SEQUSED_K] = two_level ? (size_t)cinfo->groups : 0,
+        [PA_BATCH_PREFIX_CU_SEQLENS_Q] = two_level ? (size_t)cinfo->groups + 1 : 0,
+        [PA_BATCH_PREFIX_ROWS] = two_level ? (size_t)cinfo->shared_q : 0,
+        [PA_BATCH_PREFIX_ROW_OF] = two_level ? T : 0,
+        [PA_BATCH_SUFFIX_BLOCK_TABLE] = two_level ? B * (size_t)cinfo->suffix_width : 0,
+        [PA_BATCH_SUFFIX_CACHE_SEQLENS] = two_level ? B : 0,
+        [PA_BATCH_SUFFIX_SEQUSED_K] = two_level ? B : 0,
     };
     for (int f = 0; f < PA_BATCH_NUM_FIELDS; f++) {
         off[f] = total;
@@ -404,6 +449,7 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
             last[i] = pages ? after - (pages - 1) * ps : 0;
         }
     }
+    if (two_level) write_cascade(b, n, base, off);
     pool->tokens += total_q;
     {
         int64_t used = pool->num_pages - pa_pool_available(pool);
@@ -435,7 +481,33 @@ pa_status pa_batch_stage(pa_context *ctx, pa_batch *b, int32_t n, const int32_t 
     set_view(b, PA_BATCH_KV_INDPTR, off[PA_BATCH_KV_INDPTR], csr ? n + 1 : 0, 0);
     set_view(b, PA_BATCH_KV_INDICES, off[PA_BATCH_KV_INDICES], csr ? nnz : 0, 0);
     set_view(b, PA_BATCH_KV_LAST_PAGE_LEN, off[PA_BATCH_KV_LAST_PAGE_LEN], csr ? n : 0, 0);
+    {
+        const int32_t G = two_level ? cinfo->groups : 0;
+        set_view(b, PA_BATCH_PREFIX_BLOCK_TABLE, off[PA_BATCH_PREFIX_BLOCK_TABLE], G, two_level ? cinfo->prefix_width : 1);
+        set_view(b, PA_BATCH_PREFIX_SEQUSED_K, off[PA_BATCH_PREFIX_SEQUSED_K], G, 0);
+        set_view(b, PA_BATCH_PREFIX_CU_SEQLENS_Q, off[PA_BATCH_PREFIX_CU_SEQLENS_Q], two_level ? G + 1 : 0, 0);
+        set_view(b, PA_BATCH_PREFIX_ROWS, off[PA_BATCH_PREFIX_ROWS], two_level ? cinfo->shared_q : 0, 0);
+        set_view(b, PA_BATCH_PREFIX_ROW_OF, off[PA_BATCH_PREFIX_ROW_OF], two_level ? total_q : 0, 0);
+        set_view(b, PA_BATCH_SUFFIX_BLOCK_TABLE, off[PA_BATCH_SUFFIX_BLOCK_TABLE], two_level ? n : 0,
+                 two_level ? cinfo->suffix_width : 1);
+        set_view(b, PA_BATCH_SUFFIX_CACHE_SEQLENS, off[PA_BATCH_SUFFIX_CACHE_SEQLENS], two_level ? n : 0, 0);
+        set_view(b, PA_BATCH_SUFFIX_SEQUSED_K, off[PA_BATCH_SUFFIX_SEQUSED_K], two_level ? n : 0, 0);
+        if (b->cascade) {
+            const int32_t fallback = b->cascade_info.last_fallback, calls = b->cascade_info.last_calls;
+            b->cascade_info = *cinfo;
+            b->cascade_info.last_fallback = fallback;
+            b->cascade_info.last_calls = calls;
+        }
+    }
     b->staged_n = n;
+    b->info.batch = n;
+    b->info.total_q = (int32_t)total_q;
+    b->info.max_seqlen_q = max_q;
+    b->info.max_seqlen_k = max_k;
+    b->info.max_pages = width;
+    b->info.num_indices = csr ? (int32_t)nnz : 0;
+    b->info.new_pages = (int32_t)need;
+    b->info.cow_copies = (int32_t)cows;
     if (info) {
         info->batch = n;
         info->total_q = (int32_t)total_q;

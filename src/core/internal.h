@@ -36,6 +36,7 @@ struct pa_context {
     pa_status status;
     char message[PA_ERRMSG_LEN];
     pa_bt_checked bt; /* one thread uses a context at a time (pagedattn.h) */
+    bool check_only;  /* attention calls validate and return (pa_attention_check) */
 };
 
 /* Records a failure on ctx (may be NULL) and returns status, so that callers
@@ -46,6 +47,8 @@ pa_status pa_fail(pa_context *ctx, pa_status status, const char *fmt, ...)
 pa_status pa_fail_prefix(pa_context *ctx, pa_status status, const char *where);
 
 typedef struct pa_attn_problem pa_attn_problem;
+typedef struct pa_merge_problem pa_merge_problem;
+typedef struct pa_rows_problem pa_rows_problem;
 
 /* A backend: one implementation of this table per kind of device.
  * Memory returned by alloc is zero-filled. */
@@ -75,6 +78,10 @@ typedef struct pa_backend_ops {
     pa_status (*get_tuning)(pa_context *ctx, pa_device *dev, pa_cuda_tuning *out, int defaults);
     pa_status (*set_tuning)(pa_context *ctx, pa_device *dev, const pa_cuda_tuning *t);
     pa_status (*last_plan)(pa_context *ctx, pa_device *dev, char *out, size_t len);
+    /* maybe (NULL: PA_ERR_UNSUPPORTED): merging attention states by their
+     * log-sum-exp, and copying (and rotating) rows of q (merge.c) */
+    pa_status (*merge)(pa_context *ctx, const pa_merge_problem *p);
+    pa_status (*gather_rows)(pa_context *ctx, const pa_rows_problem *p);
 } pa_backend_ops;
 
 /* A backend as the core sees it. The registry (src/backends.c) lists them in
@@ -229,6 +236,67 @@ struct pa_attn_problem {
     const float *k_scales, *v_scales;
     const float *h_k_scales, *h_v_scales;
 };
+
+/* ---- merging attention states (merge.c) ------------------------------------
+ * Item r of `rows` (a query token), head h: output row out_rows[r]
+ * (out_rows NULL: r); from each state s its row rows_s[r] (rows_s NULL: r;
+ * negative: the state is empty there), whose o is at offset
+ * (row * heads + h) * head_dim and lse at
+ *   (row / lse_seq) * heads * lse_seq + h * lse_seq + row % lse_seq
+ * (lse_seq = T for [H, T], Sq for [B, H, Sq]); out and out_lse alike. out
+ * may be the o of a state whose row is the output row (and out_lse its
+ * lse): each (row, head) reads every state before it writes. Pointers are
+ * the device's. */
+#define PA_MERGE_MAX_STATES 32 /* pa_merge_states' num_states (pagedattn.h) */
+
+typedef struct pa_merge_state {
+    const void *o;
+    const float *lse;
+    int64_t lse_seq;
+    const int32_t *rows; /* maybe */
+} pa_merge_state;
+
+struct pa_merge_problem {
+    pa_device *dev;
+    pa_dtype dtype;
+    int32_t num_states; /* 1 .. PA_MERGE_MAX_STATES */
+    int32_t heads, head_dim;
+    int64_t rows;
+    pa_merge_state states[PA_MERGE_MAX_STATES];
+    const int32_t *out_rows; /* maybe */
+    void *out;
+    float *out_lse; /* maybe */
+    int64_t out_lse_seq;
+};
+
+/* Rows of q [*, heads, head_dim] copied, and rotated where rotary_cos is
+ * given: dst row r = src row s = (row_map ? row_map[r] : r), rotated at
+ * position pos[pos_index ? pos_index[s] : s] the way attention rotates q
+ * (in double, rounded once to the dtype). The core checks every index and
+ * position on the host first. */
+struct pa_rows_problem {
+    pa_device *dev;
+    pa_dtype dtype;
+    int32_t heads, head_dim;
+    int64_t rows;
+    const void *src;
+    void *dst;
+    const int32_t *row_map; /* maybe */
+    const void *rotary_cos, *rotary_sin; /* maybe: [seqlen_ro, rotary_dim / 2] */
+    pa_dtype rotary_dtype;
+    int32_t rotary_dim;
+    bool rotary_interleaved;
+    const int32_t *pos;       /* with rotary */
+    const int32_t *pos_index; /* maybe */
+};
+
+/* Validated entry points for the cascade (merge.c): the backend's op, with
+ * PA_ERR_UNSUPPORTED where it has none, and longer merges chained. */
+pa_status pa_merge_run(pa_context *ctx, const pa_merge_problem *p);
+pa_status pa_gather_rows_run(pa_context *ctx, const pa_rows_problem *p);
+
+/* attention.c: the whole validation of an attention call, nothing run. */
+pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen);
 
 /* Key range that query i of a sequence may attend: [*lo, *hi). */
 static inline void pa_mask_range(const pa_attn_problem *p, int32_t seqlen_q,

@@ -443,6 +443,16 @@ static pa_status cpu_attention(pa_context *ctx, const pa_attn_problem *p) {
     return st;
 }
 
+static pa_status cpu_merge(pa_context *ctx, const pa_merge_problem *p) {
+    (void)ctx;
+    return pa_cpu_merge(impl_of(p->dev)->pool, p);
+}
+
+static pa_status cpu_gather_rows(pa_context *ctx, const pa_rows_problem *p) {
+    (void)ctx;
+    return pa_cpu_gather_rows(impl_of(p->dev)->pool, p);
+}
+
 /* ---- ceilings ---- */
 
 typedef struct ceiling_job {
@@ -555,6 +565,8 @@ static const pa_backend_ops cpu_ops = {
     NULL, /* tuning: the CPU kernels have none */
     NULL,
     NULL,
+    cpu_merge,
+    cpu_gather_rows,
 };
 
 static int count_cpus(void) {

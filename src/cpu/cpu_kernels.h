@@ -48,6 +48,11 @@ typedef struct pa_cpu_isa {
     float (*read_sum)(const float *buf, int64_t n);
 } pa_cpu_isa;
 
+/* cpu_merge.c: the merge and row-copy ops (core/internal.h describes them) */
+struct pa_threadpool;
+pa_status pa_cpu_merge(struct pa_threadpool *pool, const pa_merge_problem *p);
+pa_status pa_cpu_gather_rows(struct pa_threadpool *pool, const pa_rows_problem *p);
+
 extern const pa_cpu_isa pa_cpu_isa_avx512;
 extern const pa_cpu_isa pa_cpu_isa_avx2;
 extern const pa_cpu_isa pa_cpu_isa_generic;

@@ -260,6 +260,8 @@ static const pa_backend_ops cuda_ops = {
     cuda_get_tuning,
     cuda_set_tuning,
     cuda_last_plan,
+    pa_cuda_merge,
+    pa_cuda_gather_rows,
 };
 
 static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_device *dev) {

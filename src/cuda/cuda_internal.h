@@ -215,7 +215,7 @@ typedef struct pa_kernel_source {
     const char *text;
     size_t len;
 } pa_kernel_source;
-#define PA_KERNEL_SOURCES 16
+#define PA_KERNEL_SOURCES 17
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
 
 /* ---- cuda_blas.c: the bf16 matmul ceiling by cuBLAS (opened at run time) ----
@@ -226,5 +226,9 @@ pa_status pa_cuda_matmul_ceiling(pa_context *ctx, cuda_impl *impl, double second
 
 /* ---- cuda_attention.c ---- */
 pa_status pa_cuda_attention(pa_context *ctx, const pa_attn_problem *p);
+
+/* ---- cuda_merge.c: the merge and row-copy ops (kernels/merge.cu) ---- */
+pa_status pa_cuda_merge(pa_context *ctx, const pa_merge_problem *p);
+pa_status pa_cuda_gather_rows(pa_context *ctx, const pa_rows_problem *p);
 
 #endif /* PA_CUDA_INTERNAL_H */

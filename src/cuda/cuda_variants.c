@@ -97,6 +97,8 @@ static const kind_def kinds[PA_VK_COUNT] = {
     [PA_VK_UTIL] = {"util", "util.cu", NULL, NULL, false, 0, {0}, 0, 0, {{0}}, {{0}}},
     [PA_VK_APPEND] = {"append", "append.cu", NULL, NULL, false, 2, {PA_KEY_DTYPE, PA_KEY_KV}, 2, 0,
                       {{PA_KEY_DTYPE, 3, {0, 1, 2}}, {PA_KEY_KV, 3, {0, PA_FP8_E4M3, PA_FP8_E5M2}}}, {{0}}},
+    [PA_VK_MERGE] = {"merge", "merge.cu", NULL, NULL, false, 1, {PA_KEY_DTYPE}, 1, 0,
+                     {{PA_KEY_DTYPE, 3, {0, 1, 2}}}, {{0}}},
     [PA_VK_DECODE] = {"decode", "decode.cu", "pa_decode_info", "pa_decode", false, 8,
                       {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_NQ, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_MAXP, PA_KEY_KV},
                       2, 6,
@@ -370,10 +372,13 @@ pa_status pa_variant_parse(pa_context *ctx, const char *name, pa_variant *out) {
     int kind = -1;
     for (int i = 0; tok && i < PA_VK_COUNT; i++)
         if (strcmp(tok, kinds[i].name) == 0) kind = i;
-    if (kind < 0)
-        return pa_fail(ctx, PA_ERR_ARGUMENT,
-                       "kernel variant '%s': unknown kind (util, append, decode, decode_mma, fallback, prefill, "
-                       "prefill_wgmma, prefill_ws)", name);
+    if (kind < 0) {
+        char known[256] = "";
+        size_t n = 0;
+        for (int i = 0; i < PA_VK_COUNT && n < sizeof known; i++)
+            n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "", kinds[i].name);
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': unknown kind (%s)", name, known);
+    }
     const kind_def *kd = &kinds[kind];
     const char *vals[13] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {

@@ -27,6 +27,7 @@ typedef enum pa_vkind {
     PA_VK_PREFILL,
     PA_VK_PREFILL_WGMMA,
     PA_VK_PREFILL_WS,
+    PA_VK_MERGE, /* pa_merge_states and the cascade's row copy (kernels/merge.cu) */
     PA_VK_COUNT
 } pa_vkind;
 

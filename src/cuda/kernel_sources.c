@@ -30,6 +30,7 @@
 #include "../../kernels/prefill.cu"
 #include "../../kernels/prefill_wgmma.cu"
 #include "../../kernels/prefill_ws.cu"
+#include "../../kernels/merge.cu"
 #undef PA_EMBED_ONLY
 
 /* Each file becomes a NUL-terminated byte array: pa_ksrc_<id> .. pa_ksrc_<id>_end. */
@@ -61,6 +62,7 @@ EMBED(prefill_wgmma_h, "prefill_wgmma.cuh")
 EMBED(prefill, "prefill.cu")
 EMBED(prefill_wgmma, "prefill_wgmma.cu")
 EMBED(prefill_ws, "prefill_ws.cu")
+EMBED(merge, "merge.cu")
 
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
     const pa_kernel_source table[PA_KERNEL_SOURCES] = {
@@ -80,6 +82,7 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"prefill.cu", pa_ksrc_prefill, (size_t)(pa_ksrc_prefill_end - pa_ksrc_prefill)},
         {"prefill_wgmma.cu", pa_ksrc_prefill_wgmma, (size_t)(pa_ksrc_prefill_wgmma_end - pa_ksrc_prefill_wgmma)},
         {"prefill_ws.cu", pa_ksrc_prefill_ws, (size_t)(pa_ksrc_prefill_ws_end - pa_ksrc_prefill_ws)},
+        {"merge.cu", pa_ksrc_merge, (size_t)(pa_ksrc_merge_end - pa_ksrc_merge)},
     };
     memcpy(out, table, sizeof table);
     return PA_KERNEL_SOURCES;

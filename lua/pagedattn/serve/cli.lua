@@ -42,6 +42,9 @@ workload
 engine
   --policy NAME|FILE         fcfs (default), sjf, lpm, priority, or a policy file
   --prefix-cache             automatic prefix caching in the pool (hash-matched pages reused)
+  --cascade                  read shared prefixes once (batch{cascade = true}); each step with
+                             shared pages also times the plain call, and the report says
+                             the attention (and modelled) time saved
   --page-size N --pages N    the KV cache
   --budget N                 tokens per step (chunked prefill)
   --max-batch N              sequences per step
@@ -118,6 +121,7 @@ function M.parse_args(argv)
   local switches = {
     ["--no-share"] = { set, "share_system", false }, ["--check"] = { set, "check", true },
     ["--no-check"] = { set, "check", false }, ["--prefix-cache"] = { set, "prefix_cache", true },
+    ["--cascade"] = { set, "cascade", true },
   }
   while i <= #argv do
     local a = argv[i]
@@ -244,6 +248,21 @@ local function print_report(res, o)
       print(string.format("  prefix       system prompt %d tokens prefilled by every request (no sharing)", r.system))
     end
   end
+  local cs = s.cascade
+  if cs then
+    local line = string.format("  cascade      shared level on %d of %d steps (%.1f groups), %.1f%% of page reads saved",
+      cs.steps_shared, cs.steps, cs.groups_per_shared_step, 100 * cs.page_reads_saved_fraction)
+    if cs.attention_ms_per_step then
+      line = line .. string.format("; attention %.3f ms a step against %.3f ms plain (%.1f%% saved, the plain call " ..
+        "timed on the same steps)", cs.attention_ms_per_step, cs.plain_attention_ms_per_step,
+        100 * cs.attention_saved_fraction)
+    end
+    if cs.modelled_s_saved then
+      line = line .. string.format("; modelled time %.2f s less (%.1f%% of the run)", cs.modelled_s_saved,
+        100 * cs.modelled_s_saved / math.max(run.modelled_s + cs.modelled_s_saved, 1e-12))
+    end
+    print(line)
+  end
   if r.check then
     local c = r.check
     print(string.format("  check        %d steps against pagedattn.reference: %s (worst |err| %.3g, %.0f%% of its tolerance)",
@@ -305,7 +324,7 @@ function M.main(argv)
     print(string.format("  %d pages of %d tokens; budget %d tokens, batch <= %d; clock %s%s%s",
       run.pages, run.page_size, run.budget, run.max_batch, clock_kind,
       clock_kind == "steps" and string.format(" (%g ms a step)", run.step_ms or 10) or "",
-      run.prefix_cache and "; prefix cache on" or ""))
+      (run.prefix_cache and "; prefix cache on" or "") .. (run.cascade and "; cascade on" or "")))
     local res = serve.run(run)
     local r, s = res.report, res.summary
     local info = r.info

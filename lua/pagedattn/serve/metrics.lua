@@ -148,7 +148,9 @@ function M.encode_summary(s)
   local order = { "requests", "duration_s", "ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "throughput", "goodput",
     "prefix_cache", "p50", "p90", "p99", "mean", "max", "requests_per_s", "output_tokens_per_s",
     "total_tokens_per_s", "slo_ttft_ms", "slo_tpot_ms", "fraction", "hit_rate", "hits", "misses",
-    "evictions", "cached_tokens", "cached_token_fraction", "prompt_tokens", "output_tokens", "preemptions" }
+    "evictions", "cached_tokens", "cached_token_fraction", "prompt_tokens", "output_tokens", "preemptions",
+    "cascade", "steps_shared", "steps", "groups_per_shared_step", "page_reads_saved_fraction",
+    "attention_ms_per_step", "plain_attention_ms_per_step", "attention_saved_fraction", "modelled_s_saved" }
   return json.encode(s, { indent = true, keyorder = order })
 end
 
