@@ -29,8 +29,14 @@
  * to the dtype, as the CPU backend does, so both write the same cache
  * bytes.
  *
- * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16); tuning (A/Bs by
- * PAGEDATTN_NVRTC_OPTIONS): PA_APPEND_MINB, PA_APPEND_KV (below).
+ * FP8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
+ * head, computed in double (the reciprocal once a head) and rounded once,
+ * nearest even and saturating: the host's definition, so CPU and GPU write
+ * the same bytes. They take the staged paths (a lane an element).
+ *
+ * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16); PA_KV (optional, the caches':
+ * PA_DTYPE, or fp8); tuning (A/Bs by PAGEDATTN_NVRTC_OPTIONS):
+ * PA_APPEND_MINB, PA_APPEND_KV (below).
  */
 #ifndef PA_EMBED_ONLY
 #include "common.cuh"
@@ -51,6 +57,11 @@
 #endif
 #define STAGE 512 /* elements of a token's rows staged at once per warp (whole heads) */
 #define MAX_HALF 128 /* rotary_dim / 2 <= head_dim / 2 <= 128 */
+
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
+#endif
+#define FP8 PA_DT_IS_FP8(PA_KV)
 
 typedef pa_elem<PA_DTYPE> E;
 #define ESZ (PA_DTYPE == PA_DT_F32 ? 4 : 2)
@@ -392,6 +403,35 @@ __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, in
     }
 }
 
+/* fp8: 1 / scale of kv head hk, in double (one correctly rounded division,
+ * as the host's) */
+__device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
+    const u64 per_head = is_k ? p.k_scales : p.v_scales;
+    const float s = per_head ? ((const float *)per_head)[hk] : (is_k ? p.k_scale : p.v_scale);
+    return 1.0 / (double)s;
+}
+
+/* fp8: element e of a token's rows of kv heads h0 .. (D each) into the
+ * cache at element dst0 + e: x * (1 / scale of its head), one rounding.
+ * A lane's elements go head by head, so it divides once a head. */
+struct fp8_store {
+    const pa_append_params *p;
+    void *cache;
+    i64 dst0;
+    int h0;
+    bool is_k;
+    int head = -1;
+    double inv = 1.0;
+    __device__ __forceinline__ void operator()(i64 e, double x) {
+        const int hh = (int)(e / p->head_dim);
+        if (hh != head) {
+            head = hh;
+            inv = inv_scale(*p, is_k, h0 + hh);
+        }
+        pa_store_f64<PA_KV>(cache, dst0 + e, __dmul_rn(x, inv));
+    }
+};
+
 /* The kernel: pa_append_new8 has append_new8 for the new tokens where
  * new8_ok, pa_append never (the host picks one by new8_ok's rule: without
  * append_new8 in the kernel the staged paths of a head a warp run 256 x 1
@@ -421,7 +461,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
         /* this warp's heads h0 .. of the token's [kv_heads, D] rows, adjacent on both sides */
         int h0, nh;
         heads_of(p.kv_heads, h0, nh);
-        if (NEW8 && new8_ok(p, nh)) {
+        if (NEW8 && !FP8 && new8_ok(p, nh)) {
             if (p.rot_cos) append_new8<PA_APPEND_KV / 2, true>(p, n, b, h0, nh, cs, sn, lane);
             else append_new8<1, false>(p, n, b, h0, nh, cs, sn, lane);
             return;
@@ -440,6 +480,19 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
         const i64 src = ((m.new_row + i) * p.kv_heads + h0) * (i64)D;
         const i64 dst = page * p.page_stride + slot * p.row_stride + (i64)h0 * D;
         if (p.rot_cos) stage_rot(p, pos, cs, sn, lane);
+        if constexpr (FP8) {
+            /* (a lane an element: x exact in double, times its head's 1 / scale) */
+            fp8_store vq{&p, (void *)p.v_cache, dst, h0, false};
+            for (i64 e = lane; e < (i64)nh * D; e += 32) vq(e, (double)E::load((const void *)p.v_new, src + e));
+            fp8_store kq{&p, (void *)p.k_cache, dst, h0, true};
+            if (!p.rot_cos) {
+                for (i64 e = lane; e < (i64)nh * D; e += 32) kq(e, (double)E::load((const void *)p.k_new, src + e));
+                return;
+            }
+            __syncwarp(); /* cos/sin staged */
+            rotate_rows(p, (const void *)p.k_new, src, nh, x, cs, sn, lane, [&](i64 e, double v) { kq(e, v); });
+            return;
+        }
         copy_rows((char *)p.v_cache + dst * ESZ, (const char *)p.v_new + src * ESZ, (i64)nh * D, lane);
         if (!p.rot_cos) {
             copy_rows((char *)p.k_cache + dst * ESZ, (const char *)p.k_new + src * ESZ, (i64)nh * D, lane);

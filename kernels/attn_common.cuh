@@ -192,12 +192,22 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
 
 /* Absolute byte offset of key tok's row in either cache (64-bit, from the
  * page id itself: never a difference between pages); head_bytes: the kv
- * head's offset within a row. PAGE == -1: contiguous caches. */
-template <int PAGE>
+ * head's offset within a row; ESZ: bytes an element (2, or 1 for fp8).
+ * PAGE == -1: contiguous caches. */
+template <int PAGE, int ESZ = 2>
 PA_DEV i64 pa_key_offset(const pa_attn_params &p, const pa_work &w, int tok, int page, int ps, i64 head_bytes) {
     const i64 row = PAGE == -1 ? (i64)w.cache_row * p.page_stride + (i64)tok * p.row_stride
                                : (i64)page * p.page_stride + (i64)(tok - tok / ps * ps) * p.row_stride;
-    return row * 2 + head_bytes;
+    return row * ESZ + head_bytes;
+}
+
+/* The scales of kv head hk's fp8 cache entries (1 for other caches: the
+ * host passes 1 and no per-head arrays). */
+PA_DEV float pa_k_scale(const pa_attn_params &p, int hk) {
+    return p.k_scales ? ((const float *)p.k_scales)[hk] : p.k_scale;
+}
+PA_DEV float pa_v_scale(const pa_attn_params &p, int hk) {
+    return p.v_scales ? ((const float *)p.v_scales)[hk] : p.v_scale;
 }
 
 /* Loads the page ids of keys [k0, k1) of sequence b into s_pages (one per

@@ -21,6 +21,9 @@ typedef long long i64;
 #define PA_DT_F32 0
 #define PA_DT_F16 1
 #define PA_DT_BF16 2
+#define PA_DT_FP8_E4M3 4
+#define PA_DT_FP8_E5M2 5
+#define PA_DT_IS_FP8(dt) ((dt) == PA_DT_FP8_E4M3 || (dt) == PA_DT_FP8_E5M2)
 
 #define PA_LOG2E 1.4426950408889634f
 #define PA_LN2 0.6931471805599453f
@@ -56,6 +59,42 @@ PA_DEV u16 pa_f32_to_f16(float f) {
     return h;
 }
 
+/* ---- fp8 (the host's src/core/internal.h says the formats) ----
+ * Decoding is exact; encoding rounds to nearest even and saturates at the
+ * largest finite value (infinities too), NaN stays NaN: the integer code of
+ * the host's pa_f32_to_fp8, so both write the same bytes. */
+PA_DEV float pa_fp8_e4m3_to_f32(u32 b) {
+    const u32 sign = (b & 0x80u) << 24, e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15u && m == 7u) return __uint_as_float(sign | 0x7fc00000u);
+    if (e == 0u) return __uint_as_float(__float_as_uint((float)m * 0.001953125f) | sign); /* m 2^-9 */
+    return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+PA_DEV float pa_fp8_e5m2_to_f32(u32 b) { return pa_f16_to_f32((u16)((b & 0xffu) << 8)); }
+
+template <int DT> PA_DEV u32 pa_f32_to_fp8(float f) {
+    constexpr bool e4 = DT == PA_DT_FP8_E4M3;
+    constexpr int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15;
+    const u32 u = __float_as_uint(f);
+    const u32 sign = (u >> 24) & 0x80u;
+    const u32 a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;
+    if (a >= (e4 ? 0x43e00000u : 0x47600000u)) return sign | (e4 ? 0x7eu : 0x7bu);
+    const int E = a >= 0x00800000u ? (int)(a >> 23) - 127 : -126;
+    const u32 m = (a & 0x7fffffu) | (a >= 0x00800000u ? 0x800000u : 0u);
+    int e = E < 1 - bias ? 1 - bias : E;
+    const int sh = 23 - mbits + (e - E);
+    if (sh > 24) return sign;
+    u32 n = m >> sh;
+    const u32 rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (n & 1u))) n++;
+    if (n >= (2u << mbits)) {
+        n >>= 1;
+        e++;
+    }
+    if (n < (1u << mbits)) return sign | n;
+    return sign | (((u32)(e + bias) << mbits) | (n - (1u << mbits)));
+}
+
 template <int DT> struct pa_elem;
 template <> struct pa_elem<PA_DT_F32> {
     typedef float T;
@@ -72,6 +111,79 @@ template <> struct pa_elem<PA_DT_BF16> {
     static PA_DEV float load(const void *p, i64 i) { return pa_bf16_to_f32(((const u16 *)p)[i]); }
     static PA_DEV void store(void *p, i64 i, float v) { ((u16 *)p)[i] = pa_f32_to_bf16(v); }
 };
+
+template <> struct pa_elem<PA_DT_FP8_E4M3> {
+    typedef u8 T;
+    static PA_DEV float load(const void *p, i64 i) { return pa_fp8_e4m3_to_f32(((const u8 *)p)[i]); }
+    static PA_DEV void store(void *p, i64 i, float v) { ((u8 *)p)[i] = (u8)pa_f32_to_fp8<PA_DT_FP8_E4M3>(v); }
+};
+template <> struct pa_elem<PA_DT_FP8_E5M2> {
+    typedef u8 T;
+    static PA_DEV float load(const void *p, i64 i) { return pa_fp8_e5m2_to_f32(((const u8 *)p)[i]); }
+    static PA_DEV void store(void *p, i64 i, float v) { ((u8 *)p)[i] = (u8)pa_f32_to_fp8<PA_DT_FP8_E5M2>(v); }
+};
+
+/* Whether fp8 of format KV widens through f16 pairs: e5m2 is an f16's upper
+ * byte; e4m3 has the hardware's conversion from sm_89 on. */
+template <int KV> PA_DEV constexpr bool pa_fp8_via_f16() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    return true;
+#else
+    return KV == PA_DT_FP8_E5M2;
+#endif
+}
+
+/* Four fp8 bytes (byte i of `in` is element i) as two packed f16 pairs
+ * (element 0 in h0's low half), exactly; only where pa_fp8_via_f16. */
+template <int KV> PA_DEV void pa_fp8x4_to_f16x2(u32 in, u32 &h0, u32 &h1) {
+    if constexpr (KV == PA_DT_FP8_E5M2) {
+        h0 = __byte_perm(in, 0u, 0x1404); /* bytes 0, 1 into the upper bytes of the halves */
+        h1 = __byte_perm(in, 0u, 0x3424);
+    } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        asm("{ .reg .b16 a, b; mov.b32 {a, b}, %2; cvt.rn.f16x2.e4m3x2 %0, a; cvt.rn.f16x2.e4m3x2 %1, b; }"
+            : "=r"(h0), "=r"(h1)
+            : "r"(in));
+#else
+        h0 = h1 = 0u; /* (never: pa_fp8_via_f16 is false) */
+#endif
+    }
+}
+
+/* Four fp8 bytes as four floats, exactly: through f16 where
+ * pa_fp8_via_f16, else by the scalar decode. */
+template <int KV> PA_DEV void pa_fp8x4_to_f32(u32 in, float (&x)[4]) {
+    if constexpr (pa_fp8_via_f16<KV>()) {
+        u32 h0, h1;
+        pa_fp8x4_to_f16x2<KV>(in, h0, h1);
+        x[0] = pa_f16_to_f32((u16)(h0 & 0xffffu));
+        x[1] = pa_f16_to_f32((u16)(h0 >> 16));
+        x[2] = pa_f16_to_f32((u16)(h1 & 0xffffu));
+        x[3] = pa_f16_to_f32((u16)(h1 >> 16));
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] = pa_elem<KV>::load(&in, i);
+    }
+}
+
+/* Four fp8 bytes as two packed pairs of the 16-bit type OUT (f16 or bf16;
+ * element 0 in lo's low half), exactly: every fp8 value is one of theirs
+ * (bf16 from f32: exact). */
+template <int KV, int OUT> PA_DEV void pa_fp8x4_to_b16(u32 in, u32 &lo, u32 &hi) {
+    if constexpr (OUT == PA_DT_F16 && pa_fp8_via_f16<KV>()) {
+        pa_fp8x4_to_f16x2<KV>(in, lo, hi);
+    } else {
+        float x[4];
+        pa_fp8x4_to_f32<KV>(in, x);
+        if constexpr (OUT == PA_DT_BF16) {
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1]), "f"(x[0]));
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3]), "f"(x[2]));
+        } else {
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1]), "f"(x[0]));
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3]), "f"(x[2]));
+        }
+    }
+}
 
 /* double -> f32 rounded to odd (toward zero, last bit set if inexact):
  * rounding that once more to f16/bf16 is the correctly rounded result from
@@ -96,9 +208,20 @@ PA_DEV float pa_load_any(const void *p, int dt, i64 i) {
 }
 
 /* 8 consecutive elements as floats: one 16-byte load for f16/bf16, two for
- * f32. p must be 16-byte aligned. (pa_load8_or_zero below: zeros when !in.) */
+ * f32, one 8-byte load for fp8. p must be 16-byte aligned (fp8: 8-byte).
+ * (pa_load8_or_zero below: zeros when !in.) */
 template <int DT> PA_DEV void pa_load8(const void *p, float (&x)[8]) {
-    if (DT == PA_DT_F32) {
+    if constexpr (PA_DT_IS_FP8(DT)) {
+        const uint2 v = *(const uint2 *)p;
+        float a[4], b[4];
+        pa_fp8x4_to_f32<DT>(v.x, a);
+        pa_fp8x4_to_f32<DT>(v.y, b);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            x[i] = a[i];
+            x[4 + i] = b[i];
+        }
+    } else if (DT == PA_DT_F32) {
         const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
         x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
         x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;

@@ -21,7 +21,9 @@
  *
  * Defines: PA_DTYPE, PA_D (head dim, a multiple of 8, <= 256), PA_NQ, PA_GT,
  * PA_PAGE (-1: contiguous cache; 0: page size at run time; else the page
- * size, a power of two), PA_STAGES, PA_MAXP (page ids per block).
+ * size, a power of two), PA_STAGES, PA_MAXP (page ids per block); PA_KV
+ * (optional): the caches' dtype, an fp8 one (head dim a multiple of 16;
+ * keys k_cache x k_scale, values v_cache x v_scale), else PA_DTYPE.
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -32,6 +34,9 @@
 #endif
 
 #define NTHREADS 128
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
+#endif
 
 namespace {
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
@@ -39,11 +44,12 @@ __host__ __device__ constexpr int pow2ceil(int x) { return x <= 1 ? 1 : 2 * pow2
 
 constexpr int D = PA_D;
 constexpr int NQ = PA_NQ, GT = PA_GT, ROWS = NQ * GT;
-constexpr int ESZ = PA_DTYPE == PA_DT_F32 ? 4 : 2;
+constexpr int ESZ = PA_DTYPE == PA_DT_F32 ? 4 : 2; /* q */
+constexpr int KSZ = PA_KV == PA_DT_F32 ? 4 : PA_DT_IS_FP8(PA_KV) ? 1 : 2; /* the caches */
 constexpr int NCH = D / 8;              /* lanes that hold 8 elements of a row */
 constexpr int BDX = pow2ceil(NCH);      /* lanes per token group (shuffle width) */
 constexpr int BDY = NTHREADS / BDX;     /* token groups */
-constexpr int ROWB = D * ESZ;           /* bytes of one K (or V) row */
+constexpr int ROWB = D * KSZ;           /* bytes of one K (or V) row */
 constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
 constexpr int TPG_BYTES = cmin(8, pa_cmax(1, 16384 / (2 * ROWB * BDY)));
 constexpr int TPG = TPG_BYTES * ROWS > 32 ? pa_cmax(1, 32 / ROWS) : TPG_BYTES; /* tokens per group per stage */
@@ -58,6 +64,7 @@ constexpr int CHUNKS = T * CPR;         /* 16-byte copies per stage, per K and p
 constexpr int MIN_BLOCKS = ROWS <= 4 ? 4 : 2;
 
 static_assert(D % 8 == 0 && D >= 8 && D <= 256, "head dim");
+static_assert(PA_KV == PA_DTYPE || (PA_DT_IS_FP8(PA_KV) && D % 16 == 0), "caches: q's dtype, or fp8 rows of 16-byte chunks");
 static_assert(ROWS >= 1 && ROWS <= 8, "rows per block");
 static_assert(BDX <= 32 && NTHREADS % BDX == 0, "lanes per token");
 static_assert(PA_STAGES >= 2, "pipeline depth");
@@ -140,7 +147,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
 
     /* 2. q rows (scaled; base-2 scores unless softcap/ALiBi need natural units) */
     const bool natural = p.softcap > 0.f || p.alibi != 0;
-    const float qscale = natural ? p.scale : p.scale * PA_LOG2E;
+    /* (an fp8 cache's key scale goes into q, its value scale into the output) */
+    constexpr bool FP8 = PA_DT_IS_FP8(PA_KV);
+    const float qscale = (natural ? p.scale : p.scale * PA_LOG2E) * (FP8 ? pa_k_scale(p, hk) : 1.f);
+    const float vscale = FP8 ? pa_v_scale(p, hk) : 1.f;
     float q[ROWS][8], o[ROWS][8], mrow[ROWS], lrow[ROWS];
     int lo[NQ], hi[NQ];
 #pragma unroll
@@ -196,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
                 const int pg = tc / ps;
                 off = (i64)s_pages[pg - first_page] * p.page_stride + (i64)(tc - pg * ps) * p.row_stride;
             }
-            const i64 byte = (off + head_off) * ESZ + ch * 16;
+            const i64 byte = (off + head_off) * KSZ + ch * 16;
             pa_cp_async16(sk + c * 16, (const u8 *)p.k_cache + byte, ok);
             pa_cp_async16(sv + c * 16, (const u8 *)p.v_cache + byte, ok);
         }
@@ -220,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
         for (int u = 0; u < TPG; u++) {
             const int j = ty + BDY * u;
             float kf[8];
-            pa_load8_or_zero<PA_DTYPE>(tx < NCH, sk + j * ROWB + tx * 8 * ESZ, kf);
+            pa_load8_or_zero<PA_KV>(tx < NCH, sk + j * ROWB + tx * 8 * KSZ, kf);
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 float a = 0.f;
@@ -276,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
         for (int u = 0; u < TPG; u++) {
             const int j = ty + BDY * u;
             float vf[8];
-            pa_load8_or_zero<PA_DTYPE>(tx < NCH, sv + j * ROWB + tx * 8 * ESZ, vf);
+            pa_load8_or_zero<PA_KV>(tx < NCH, sv + j * ROWB + tx * 8 * KSZ, vf);
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
 #pragma unroll
@@ -304,7 +314,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) pa_decode(con
     __syncthreads();
     auto lse2_of = [&](int r) { return pa_merged_lse2(sm_ml, BDY, r); };
     auto o_of = [&](int r, int d) {
-        return pa_merged_o(sm_ml, BDY, r, [&](int y) { return sm_o[(r * BDY + y) * D + d]; });
+        const float o = pa_merged_o(sm_ml, BDY, r, [&](int y) { return sm_o[(r * BDY + y) * D + d]; });
+        return FP8 ? o * vscale : o;
     };
     pa_write_rows<PA_DTYPE>(p, w, ROWS, GT, hk, g0, head_tile, o_of, lse2_of, &s_flag);
 }

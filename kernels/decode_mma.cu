@@ -50,7 +50,15 @@
  * by how many units' start-up chains overlap), PA_HW (0, 1: a warp a head
  * tile; NQ * GT <= 8, <= 4 for a rotated f32 q), PA_NW (warps a block: 4,
  * or 8 with PA_PERSIST, one block a SM with twice the keys a stage, so the
- * blocks' last units end closer together; docs/decode.md).
+ * blocks' last units end closer together; docs/decode.md); PA_KV (optional):
+ * the caches' dtype, PA_DTYPE or an fp8 one (head dims 64 and 128).
+ *
+ * FP8 caches (PA_KV fp8): the stages hold the cache's bytes (half the
+ * copies of a 16-bit cache), and each warp converts its KPW K and V rows of
+ * a stage into a shared-memory area of its own, in the input type and the
+ * layout the 16-bit stages have, right after the stage lands; the MMAs read
+ * them there, unchanged. Every fp8 value is exact in f16 and bf16. A key's
+ * scale goes into q's (qk_scale), a value's into the output.
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -64,6 +72,9 @@
 
 #define NWARPS PA_NW
 #define NTHREADS (32 * NWARPS)
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
+#endif
 
 namespace {
 constexpr int D = PA_D;
@@ -76,31 +87,42 @@ constexpr int NT = KPW / 8;             /* 8-key MMA tiles per warp and stage */
 constexpr bool HW = PA_HW != 0;
 constexpr int R = KPW * NWARPS;         /* K (and V) rows a stage: warp w's at w KPW.. */
 constexpr int T = HW ? KPW : R;         /* keys per stage */
-constexpr int ROWB = D * 2;             /* bytes of a K/V row in global memory */
-constexpr int CPR = ROWB / 16;          /* 16-byte chunks per row */
+constexpr bool FP8 = PA_DT_IS_FP8(PA_KV);
+constexpr int KVSZ = FP8 ? 1 : 2;       /* bytes of a cache element */
+constexpr int ROWB = D * 2;             /* bytes of a K/V row in the input type */
+constexpr int CPR = ROWB / 16;          /* its 16-byte chunks */
+constexpr int GROWB = D * KVSZ;         /* bytes of a K/V row in the caches (and the copies) */
+constexpr int GCPR = GROWB / 16;        /* copied 16-byte chunks per row */
 /* Shared memory rows, conflict-free for ldmatrix: at 8 keys per warp padded
  * by 16 bytes; at 16 (twice the stage, so bytes count) unpadded, chunk c of
  * row r at c ^ (r % 8) */
 constexpr bool SWZ = KPW == 16;
 constexpr int RSTRIDE = SWZ ? ROWB : ROWB + 16;
-constexpr int LINE = CPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per instruction */
+/* a stage's rows: as above, or fp8 rows unpadded (each warp reads its rows
+ * whole, 8 bytes a lane, when it converts them: no bank conflicts) */
+constexpr int GSTRIDE = FP8 ? GROWB : RSTRIDE;
+constexpr int LINE = GCPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per instruction */
 constexpr int GROUPS = NTHREADS / LINE; /* lane groups of the block */
 constexpr int RPT = R / GROUPS;         /* rows per thread and stage */
-constexpr int KV_STAGE = 2 * R * RSTRIDE;
+constexpr int KV_STAGE = 2 * R * GSTRIDE;
 constexpr bool PERSIST = PA_PERSIST != 0;
 constexpr int NSLOT = PERSIST ? 2 : 1; /* units held at once: the running one and the next */
 constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : NSLOT * PA_MAXP * 4;
 constexpr int ROWOFF_BYTES = 2 * R * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
 constexpr int MERGE_BYTES = NWARPS * 16 * D * 4; /* the warps' o; their (m, l) in static shared memory */
-constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES;
-constexpr int SMEM = KV_OFF + (PERSIST || HW ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
+/* fp8: each warp's K and V rows of the current stage in the input type (its
+ * KPW rows of each); the warps' merge goes there too */
+constexpr int CONV_BYTES = FP8 ? pa_cmax(NWARPS * 2 * KPW * RSTRIDE, MERGE_BYTES) : 0;
+constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES + CONV_BYTES;
+constexpr int SMEM = KV_OFF + (PERSIST || HW || FP8 ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
 
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");
 static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
 static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
-static_assert(CPR % LINE == 0 && R % GROUPS == 0, "copy mapping");
+static_assert(GCPR % LINE == 0 && R % GROUPS == 0, "copy mapping");
+static_assert(PA_KV == PA_DTYPE || (FP8 && D % 64 == 0), "caches: the input type, or fp8 at head dims 64 and 128");
 static_assert(!HW || NWARPS * ROWS <= 32, "a warp a head tile: every Q in 32 rows");
 /* rows of s_q that load_q fills: the tiles' Q (HW: four tiles of ROWS rows;
  * beyond 16 rows they take the place of a rotated q's lo half, which the
@@ -108,7 +130,7 @@ static_assert(!HW || NWARPS * ROWS <= 32, "a warp a head tile: every Q in 32 row
 constexpr int QROWS = HW && NWARPS * ROWS > 16 ? 32 : 16;
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(NWARPS == 4 || (NWARPS == 8 && PERSIST && !HW), "warps a block: 4, or 8 for persistent blocks");
-static_assert(!PERSIST || HW || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
+static_assert(!PERSIST || HW || FP8 || MERGE_BYTES <= KV_STAGE, "persistent blocks merge in a stage buffer");
 /* the units that the counter hands out (HW: a block's NWARPS head tiles of a
  * work item) are CU of the units that s_unit names (a work item's head tile) */
 constexpr int CU = HW ? NWARPS : 1;
@@ -186,6 +208,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     __shared__ int s_cpg[CAN_CLAIM ? CR : 1][CAN_CLAIM ? PPS : 1]; /* and their page ids */
     i64 *s_rowoff = (i64 *)(smem + PAGES_BYTES);
     u8 *s_q = smem + PAGES_BYTES + ROWOFF_BYTES;
+    u8 *s_conv = s_q + Q_BYTES; /* (fp8) */
     u8 *s_kv = smem + KV_OFF;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -329,13 +352,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     const int kb = s_ckb[rs % CR], tok = kb + key;
                     if (kb >= 0 && tok < w.k1) {
                         const int page = PA_PAGE == -1 ? 0 : s_cpg[rs % CR][tok / ps - kb / ps];
-                        off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
+                        off = pa_key_offset<PA_PAGE, KVSZ>(p, w, tok, page, ps, (i64)hk * D * KVSZ);
                     }
                 } else {
                     const int tok = w.k0 + rs * T + key;
                     if (tok < w.k1) {
                         const int page = PA_PAGE == -1 ? 0 : pages_of(rj)[tok / ps - w.k0 / ps];
-                        off = pa_key_offset<PA_PAGE>(p, w, tok, page, ps, (i64)hk * D * 2);
+                        off = pa_key_offset<PA_PAGE, KVSZ>(p, w, tok, page, ps, (i64)hk * D * KVSZ);
                     }
                 }
             }
@@ -362,10 +385,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             const i64 src = (ok ? off : 0) + cp_sub * 16;
             const u8 *gk = (const u8 *)p.k_cache + src, *gv = (const u8 *)p.v_cache + src;
             /* chunks cp_sub + LINE h: at 16 keys per warp LINE is 8, so the
-             * swizzle moves only the low 3 bits (cp_sub), h stays an immediate */
-            u8 *sk = sbase + row * RSTRIDE + chunk_at(row, cp_sub), *sv = sk + R * RSTRIDE;
+             * swizzle moves only the low 3 bits (cp_sub), h stays an immediate
+             * (fp8 stages: no swizzle) */
+            u8 *sk = sbase + row * GSTRIDE + (FP8 ? cp_sub * 16 : chunk_at(row, cp_sub)), *sv = sk + R * GSTRIDE;
 #pragma unroll
-            for (int h = 0; h < CPR / LINE; h++) {
+            for (int h = 0; h < GCPR / LINE; h++) {
                 pa_cp_async16(sk + h * LINE * 16, gk + h * LINE * 16, ok);
                 pa_cp_async16(sv + h * LINE * 16, gv + h * LINE * 16, ok);
             }
@@ -420,6 +444,25 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
 
     const int g = lane >> 2, t4 = lane & 3;
+    /* (fp8) This warp's K and V rows of stage G into its area of s_conv, in
+     * the input type, in the layout of a 16-bit stage's rows: a lane takes 8
+     * elements of a row at a time (an 8-byte load, a 16-byte store; the 16
+     * lanes of a row write its chunks whole: no bank conflicts) */
+    auto convert_rows = [&](int G) {
+        const u8 *src = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * GSTRIDE;
+        u8 *dst = s_conv + warp * 2 * KPW * RSTRIDE;
+#pragma unroll
+        for (int e = lane; e < 2 * KPW * CPR; e += 32) {
+            const int rr = e / CPR, c = e - rr * CPR; /* K rows, then V rows; c: 8 elements */
+            const bool is_v = rr >= KPW;
+            const int r = is_v ? rr - KPW : rr;
+            const uint2 x = *(const uint2 *)(src + (is_v ? R * GSTRIDE : 0) + r * GSTRIDE + c * 8);
+            uint4 y;
+            pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.x, y.x, y.y);
+            pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.y, y.z, y.w);
+            *(uint4 *)(dst + (is_v ? KPW * RSTRIDE : 0) + r * RSTRIDE + chunk_at(r, c)) = y;
+        }
+    };
     /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
      * rows repeating them: masked, but finite) */
     auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : lr; };
@@ -450,7 +493,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         /* (persistent blocks in bf16 or f16 load the next unit's while the
          * last unit's output is merged, below) */
         if (!PERSIST || first || p.q_f32) load_qa();
-        const float qk_scale = natural ? p.scale : p.scale * PA_LOG2E;
+        /* (an fp8 cache's key scale goes into q's, its value scale into the output) */
+        const float qk_scale = (natural ? p.scale : p.scale * PA_LOG2E) * (FP8 ? pa_k_scale(p, hk) : 1.f);
+        const float vscale = FP8 ? pa_v_scale(p, hk) : 1.f;
         const int diag0 = (g / GT) + w.seqlen_k - w.seqlen_q, diag1 = ((g + 8) / GT) + w.seqlen_k - w.seqlen_q;
         const float slope0 = slope_of(j, hk, g0, g), slope1 = slope_of(j, hk, g0, g + 8);
 
@@ -552,8 +597,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             };
             if (!LATE) copies_ahead();
 
-            const u8 *sk = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
-            const u8 *sv = sk + R * RSTRIDE;
+            if constexpr (FP8) {
+                convert_rows(G);
+                __syncwarp(); /* (the stage-top barrier ordered the last stage's reads of the area) */
+            }
+            const u8 *sk = FP8 ? s_conv + warp * 2 * KPW * RSTRIDE : s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
+            const u8 *sv = sk + (FP8 ? KPW : R) * RSTRIDE;
             const int kr = lane & 7, kc = lane >> 3; /* ldmatrix: this lane's row (of 8) and chunk (of 4) */
             /* S = Q K^T for this warp's KPW keys, NT tiles of 8; two accumulators
              * per tile: two dependent MMA chains of half the length */
@@ -724,7 +773,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const float inv = 1.f / l0; /* (inf where none: unused) */
 #pragma unroll
                 for (int n = 0; n < D / 8; n++) {
-                    const float a = none ? 0.f : o[n][0] * inv, b = none ? 0.f : o[n][1] * inv;
+                    float a = none ? 0.f : o[n][0] * inv, b = none ? 0.f : o[n][1] * inv;
+                    if (FP8) {
+                        a *= vscale;
+                        b *= vscale;
+                    }
                     if (vec) {
                         *(u32 *)((u16 *)p.out + dst + n * 8) = pack2(a, b);
                     } else {
@@ -756,7 +809,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (PERSIST && !p.q_f32 && s_unit[j ^ 1] >= 0) load_qa();
         l0 = pa_quad_sum(l0);
         l1 = pa_quad_sum(l1);
-        float *sm_o = (float *)(PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
+        float *sm_o = (float *)(FP8 ? s_conv : PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
         float *sm_ml = s_ml;
         /* (only the ROWS real rows of the 16: at ROWS 4, a quarter of the stores) */
 #pragma unroll
@@ -807,6 +860,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const float inv = 1.f / l; /* l >= 1: the row's top key weighs 1 */
 #pragma unroll
                 for (int v = 0; v < V; v++) acc[v] *= inv;
+                if (FP8)
+#pragma unroll
+                    for (int v = 0; v < V; v++) acc[v] *= vscale;
             }
             const float lse2 = mx == -PA_INF ? -PA_INF : mx + pa_log2(l);
             if (w.nsplit == 1) {

@@ -10,7 +10,8 @@
  * online softmax, P.V, all in f32 in shared memory. Split-KV and the combine
  * are pa_write_rows' (fused). Head dim at run time (<= 256).
  *
- * Defines: PA_DTYPE.
+ * Defines: PA_DTYPE (q and out), PA_KV (the caches': PA_DTYPE when absent,
+ * or an fp8 dtype: keys k_cache x k_scale, values v_cache x v_scale).
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -23,7 +24,13 @@
 #define ROWS 16
 #define KT 32
 
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
+#endif
+
 typedef pa_elem<PA_DTYPE> E;
+typedef pa_elem<PA_KV> EKV; /* the caches' elements */
+#define FP8 PA_DT_IS_FP8(PA_KV)
 
 /* Dynamic shared memory (floats): Q[ROWS][D], K[KT][D+1] (padded: the score
  * loop reads K down a column), V[KT][D], S[ROWS][KT], O[ROWS][D]. */
@@ -75,7 +82,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
             const i64 off = ((w.q_start + qi) * p.heads + hk * G + g) * (i64)D + d;
             v = p.q_f32 ? ((const float *)p.q)[off] : E::load((const void *)p.q, off);
         }
-        Q[e] = v * p.scale;
+        /* (an fp8 cache's key scale goes into q, its value scale into the output) */
+        Q[e] = v * (FP8 ? p.scale * pa_k_scale(p, hk) : p.scale);
         O[e] = 0.f;
     }
     __syncthreads();
@@ -95,8 +103,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
                 }
                 off += (i64)hk * D;
                 for (int d = lane; d < D; d += 32) {
-                    K[t * (D + 1) + d] = E::load((const void *)p.k_cache, off + d);
-                    V[t * D + d] = E::load((const void *)p.v_cache, off + d);
+                    K[t * (D + 1) + d] = EKV::load((const void *)p.k_cache, off + d);
+                    V[t * D + d] = EKV::load((const void *)p.v_cache, off + d);
                 }
             } else {
                 for (int d = lane; d < D; d += 32) {
@@ -156,7 +164,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS) pa_attend(const pa_attn_p
         __syncthreads();
     }
 
-    auto o_of = [&](int r, int d) { return s_l[r] > 0.f ? O[r * D + d] / s_l[r] : 0.f; };
+    auto o_of = [&](int r, int d) {
+        if (FP8) return s_l[r] > 0.f ? O[r * D + d] / s_l[r] * pa_v_scale(p, hk) : 0.f;
+        return s_l[r] > 0.f ? O[r * D + d] / s_l[r] : 0.f;
+    };
     auto lse2_of = [&](int r) { return s_l[r] > 0.f ? s_m[r] + pa_log2(s_l[r]) : -PA_INF; };
     pa_write_rows<PA_DTYPE>(p, w, rows, gt, hk, g0, head_tile, o_of, lse2_of, &s_flag);
 }

@@ -82,6 +82,11 @@ typedef struct pa_attn_params {
      * k0 = the tile's first key + s * those stages, k1 = the tile's end; the
      * host makes every split tile that long); 0: each split its own [k0, k1) */
     pa_i32 claim;
+    /* fp8 caches (the kernels' PA_KV): a key is k_cache x the k scale of its
+     * kv head, a value v_cache x the v scale; k_scales / v_scales (maybe 0):
+     * f32 [kv_heads], else every head has k_scale / v_scale */
+    pa_u64 k_scales, v_scales;
+    float k_scale, v_scale;
 } pa_attn_params;
 #define PA_DECODE_FIRST_PAGES 32 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages, of 128 keys 24 or 25 */
 /* decode_mma's claims (at up to 4 pipeline stages): a split's static stages
@@ -154,6 +159,12 @@ typedef struct pa_append_params {
     /* 1: each sequence's new rows follow the last one's (token n's k / v rows
      * are row n of k_new / v_new), so their loads need no meta */
     pa_i32 new_dense;
+    /* fp8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
+     * head, rounded once (the host's definition); k_scales / v_scales
+     * (maybe 0): f32 [kv_heads], else k_scale / v_scale for every head */
+    float k_scale, v_scale;
+    pa_i32 unused_; /* (the pointers after it 8-byte aligned) */
+    pa_u64 k_scales, v_scales;
 } pa_append_params;
 
 /* merge.cu: attention states merged by their log-sum-exp (the core's

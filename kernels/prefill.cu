@@ -28,9 +28,15 @@
  *  - The epilogue stages O (f32) through shared memory; pa_write_rows writes
  *    out/lse or a split's partial and combines the splits (fused).
  *
+ * FP8 caches (PA_KV fp8): the stages hold the cache's bytes; when a tile
+ * lands, the block converts it (exactly) into one K/V tile of the input type
+ * in the layout above, a barrier later the warps read it there. A key's
+ * scale multiplies the raw scores, a value's the output.
+ *
  * Defines: PA_DTYPE (1 f16, 2 bf16), PA_D (a multiple of 16, <= 256), PA_GT
  * (heads per tile), PA_PAGE (-1 contiguous, 0 any, else a power of two),
- * PA_STAGES, PA_NATURAL (0/1), PA_MINB (blocks per SM for __launch_bounds__).
+ * PA_STAGES, PA_NATURAL (0/1), PA_MINB (blocks per SM for __launch_bounds__);
+ * PA_KV (optional: the caches' dtype, PA_DTYPE or fp8).
  */
 #ifndef PA_EMBED_ONLY
 #include "prefill_common.cuh"
@@ -40,8 +46,14 @@
 #error "prefill.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL, PA_MINB"
 #endif
 
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
+#endif
+
 namespace {
 constexpr int D = PA_D;
+constexpr bool FP8 = PA_DT_IS_FP8(PA_KV);
+constexpr int KVSZ = FP8 ? 1 : 2; /* bytes of a cache element */
 constexpr int BM = 128;                   /* rows per block: 8 warps x 16 */
 constexpr int NWARPS = BM / 16, NTHREADS = NWARPS * 32;
 constexpr int BN = D <= 128 ? 64 : 32;    /* keys per tile */
@@ -49,14 +61,19 @@ constexpr int GT = PA_GT, QT = BM / GT, ROWS = QT * GT;
 constexpr int ROWB = D * 2;               /* bytes of a row in global memory */
 constexpr int RSTRIDE = ROWB + 16;        /* in shared memory: padded for ldmatrix */
 constexpr int CPR = ROWB / 16;            /* 16-byte chunks per row */
-constexpr int CHUNKS = BN * CPR;          /* per K (or V) tile */
+constexpr int GROWB = D * KVSZ;           /* bytes of a row in the caches (and the copies) */
+constexpr int GCPR = GROWB / 16;          /* copied 16-byte chunks per row */
+constexpr int GSTRIDE = FP8 ? GROWB : RSTRIDE; /* a stage's rows (fp8: read by the conversion only) */
+constexpr int CHUNKS = BN * GCPR;         /* per K (or V) tile */
 constexpr int CPT = (CHUNKS + NTHREADS - 1) / NTHREADS; /* chunks per thread per tile */
 constexpr int Q_BYTES = BM * RSTRIDE;
-constexpr int KV_STAGE = 2 * BN * RSTRIDE;
+constexpr int CONV_BYTES = FP8 ? 2 * BN * RSTRIDE : 0; /* (fp8) the current tile in the input type */
+constexpr int KV_STAGE = 2 * BN * GSTRIDE;
 constexpr int OSTRIDE = D + 4;            /* f32 epilogue rows: conflict-free float2 stores */
-constexpr int SMEM = pa_cmax(Q_BYTES + PA_STAGES * KV_STAGE, BM * OSTRIDE * 4);
+constexpr int SMEM = pa_cmax(Q_BYTES + CONV_BYTES + PA_STAGES * KV_STAGE, BM * OSTRIDE * 4);
 
 static_assert(D % 16 == 0 && D >= 16 && D <= 256, "head dim");
+static_assert(PA_KV == PA_DTYPE || FP8, "caches: the input type or fp8");
 static_assert(GT >= 1 && GT <= 16, "heads per tile");
 static_assert(PA_STAGES >= 2, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
@@ -71,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     __shared__ int s_lo[BM], s_hi[BM];
     __shared__ float s_slope[PA_NATURAL ? BM : 1];
     __shared__ float s_lse2[BM];
-    u8 *s_q = smem, *s_kv = smem + Q_BYTES;
+    u8 *s_q = smem, *s_conv = smem + Q_BYTES, *s_kv = smem + Q_BYTES + CONV_BYTES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int head_tile = blockIdx.x % p.head_tiles;
@@ -90,27 +107,27 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     /* 2. the K/V pipeline. This thread's chunks of a tile: c = tid + i *
      * NTHREADS, row c / CPR, column chunk c % CPR. */
     const int nt = (w.k1 - w.k0 + BN - 1) / BN;
-    const i64 head_bytes = (i64)hk * D * 2;
+    const i64 head_bytes = (i64)hk * D * KVSZ;
     int pid[CPT]; /* page ids of this thread's rows of the next tile to issue */
     auto load_pids = [&](int t) {
 #pragma unroll
         for (int i = 0; i < CPT; i++) {
-            const int c = tid + i * NTHREADS, tok = w.k0 + t * BN + c / CPR;
+            const int c = tid + i * NTHREADS, tok = w.k0 + t * BN + c / GCPR;
             pid[i] = 0;
             if (PA_PAGE != -1 && c < CHUNKS && t < nt && tok < w.k1)
                 pid[i] = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
         }
     };
     auto issue = [&](int t) {
-        u8 *sk = s_kv + (t % PA_STAGES) * KV_STAGE, *sv = sk + BN * RSTRIDE;
+        u8 *sk = s_kv + (t % PA_STAGES) * KV_STAGE, *sv = sk + BN * GSTRIDE;
 #pragma unroll
         for (int i = 0; i < CPT; i++) {
-            const int c = tid + i * NTHREADS, row = c / CPR, ch = c - row * CPR, tok = w.k0 + t * BN + row;
+            const int c = tid + i * NTHREADS, row = c / GCPR, ch = c - row * GCPR, tok = w.k0 + t * BN + row;
             if (CHUNKS % NTHREADS != 0 && c >= CHUNKS) break;
             const bool ok = tok < w.k1;
             i64 off = 0;
-            if (ok) off = pa_key_offset<PA_PAGE>(p, w, tok, pid[i], ps, head_bytes) + ch * 16;
-            const u32 dst = row * RSTRIDE + ch * 16;
+            if (ok) off = pa_key_offset<PA_PAGE, KVSZ>(p, w, tok, pid[i], ps, head_bytes) + ch * 16;
+            const u32 dst = row * GSTRIDE + ch * 16;
             pa_cp_async16(sk + dst, (const u8 *)p.k_cache + off, ok);
             pa_cp_async16(sv + dst, (const u8 *)p.v_cache + off, ok);
         }
@@ -131,8 +148,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
     /* shared-memory addresses (u32) of this lane's ldmatrix rows */
     const u32 q_rows = pa_smem_addr(s_q) + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
-    const u32 k_lane = pa_smem_addr(s_kv) + (lane & 7) * RSTRIDE + 16 * (lane >> 3);
-    const u32 v_lane = pa_smem_addr(s_kv) + BN * RSTRIDE + ((lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
+    const u32 kv_base = pa_smem_addr(FP8 ? s_conv : s_kv); /* (fp8: the converted tile) */
+    const u32 k_lane = kv_base + (lane & 7) * RSTRIDE + 16 * (lane >> 3);
+    const u32 v_lane = kv_base + BN * RSTRIDE + ((lane & 7) + 8 * ((lane >> 3) & 1)) * RSTRIDE + 16 * (lane >> 4);
+    /* (an fp8 cache's key scale multiplies the raw scores, its value scale the output) */
+    const float kscale = FP8 ? pa_k_scale(p, hk) : 1.f, vscale = FP8 ? pa_v_scale(p, hk) : 1.f;
 
     float o[D / 8][4];
     pa_zero(o);
@@ -145,8 +165,22 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
             load_pids(t + PA_STAGES);
         }
         pa_cp_async_commit();
+        if constexpr (FP8) {
+            /* tile t into the input type: 8 elements a thread at a time (an
+             * 8-byte load, a 16-byte store), K's rows then V's */
+            const u8 *src = s_kv + (t % PA_STAGES) * KV_STAGE;
+            for (int e = tid; e < 2 * BN * CPR; e += NTHREADS) {
+                const int rr = e / CPR, c = e - rr * CPR;
+                const uint2 x = *(const uint2 *)(src + rr * GSTRIDE + c * 8);
+                uint4 y;
+                pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.x, y.x, y.y);
+                pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.y, y.z, y.w);
+                *(uint4 *)(s_conv + rr * RSTRIDE + c * 16) = y;
+            }
+            __syncthreads(); /* (the barrier above ordered the last tile's reads of s_conv) */
+        }
 
-        const u32 stage = (t % PA_STAGES) * KV_STAGE, sk = k_lane + stage, sv = v_lane + stage;
+        const u32 stage = FP8 ? 0 : (t % PA_STAGES) * KV_STAGE, sk = k_lane + stage, sv = v_lane + stage;
         /* S = Q K^T: 16 rows x BN keys per warp */
         float s[BN / 8][4];
 #pragma unroll
@@ -175,6 +209,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
             }
         }
 
+        if constexpr (FP8)
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[n][j] *= kscale;
         /* scores -> exponents, masks, maxima; P = 2^(x c2 - e) as the A fragments of P V */
         float e0, e1;
         pa_softmax_tile<BN / 8, D / 8, PA_NATURAL>(p, rs, s, o, w.k0 + t * BN, e0, e1);
@@ -196,6 +235,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
     __syncthreads(); /* the stage buffers become the epilogue's */
 
     /* 3. normalise, stage O (f32) and the rows' log2-sum-exp */
+    if constexpr (FP8)
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) o[n][j] *= vscale;
     pa_stage_rows<D / 8>(rs, o, R0, (float *)smem, OSTRIDE, s_lse2);
     __syncthreads();
     pa_prefill_write<PA_DTYPE, D, GT>(p, w, ROWS, hk, g0, head_tile, (const float *)smem, OSTRIDE, s_lse2, NTHREADS,

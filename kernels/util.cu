@@ -26,6 +26,8 @@ template <int DT> __device__ void randn_fill(void *out, i64 n, u64 seed) {
 extern "C" __global__ void pa_randn_f32(void *out, i64 n, u64 seed) { randn_fill<PA_DT_F32>(out, n, seed); }
 extern "C" __global__ void pa_randn_f16(void *out, i64 n, u64 seed) { randn_fill<PA_DT_F16>(out, n, seed); }
 extern "C" __global__ void pa_randn_bf16(void *out, i64 n, u64 seed) { randn_fill<PA_DT_BF16>(out, n, seed); }
+extern "C" __global__ void pa_randn_fp8_e4m3(void *out, i64 n, u64 seed) { randn_fill<PA_DT_FP8_E4M3>(out, n, seed); }
+extern "C" __global__ void pa_randn_fp8_e5m2(void *out, i64 n, u64 seed) { randn_fill<PA_DT_FP8_E5M2>(out, n, seed); }
 
 /* Reads n 16-byte words once, four independent loads in flight per thread;
  * the xor keeps the loads alive and is (practically) never stored. */

@@ -34,6 +34,12 @@
 --   keys), in the main table and in every config's run (fits of time against
 --   bytes: a fixed cost per call and a streaming rate); a workload
 --   "64x4096+512x64" is one batch of both (mixed lengths, shuffled).
+--   FP8 caches (issue 49): after each decode workload's bf16 rows, the same at
+--   page 16 over fp8_e4m3 and fp8_e5m2 caches (GB/s count fp8 bytes; "x bf16"
+--   lines: tokens a second against the page-16 bf16 row), the rotary append
+--   writing fp8 (bytes: bf16 k/v read, fp8 written), and each prefill
+--   workload at page 16 over an e4m3 cache (TFLOP/s against bf16's);
+--   --no-fp8 leaves them out.
 --   scripts/run scripts/bench.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
@@ -42,16 +48,18 @@ local sweep = require "pagedattn.sweep" -- shared: decode_batch, make_cache, sta
 local tuning = require "pagedattn.tuning"
 
 local quick, only, ceiling_seconds, head_dim = false, nil, nil, 128
+local fp8 = true
 local configs = { decode = {}, prefill = {}, append = {} }
 local config_layouts_text, decode_workloads_text = "16", ""
 local usage = "usage: scripts/run scripts/bench.lua [--quick] [--decode | --prefill] [--ceiling-seconds S] " ..
   "[--head-dim D] [--configs C] [--prefill-configs C] [--append-configs C] [--config-layouts 16,256,0] " ..
-  "[--decode-workloads BxL,...]"
+  "[--decode-workloads BxL,...] [--no-fp8]"
 do
   local i = 1
   while i <= #arg do
     local a = arg[i]
     if a == "--quick" then quick = true
+    elseif a == "--no-fp8" then fp8 = false
     elseif a == "--decode" or a == "--prefill" then
       if only and only ~= a:sub(3) then only = "both" else only = a:sub(3) end
     elseif a == "--ceiling-seconds" then
@@ -222,39 +230,45 @@ for w in decode_workloads_text:gmatch("[%dx+]+") do
 end
 
 -- One decode call of workload wl at `page` (its tensors live as long as
--- the function), and the bytes of K/V it reads
-local function decode_call(wl, page)
-  local call, _, bytes = sweep.decode_batch(pa, dev, wl.name, { H = H, Hk = HK, D = D, dtype = DT, page = page })
+-- the function), and the bytes of K/V it reads; kv: the caches' dtype (nil: DT)
+local function decode_call(wl, page, kv)
+  local call, _, bytes = sweep.decode_batch(pa, dev, wl.name, { H = H, Hk = HK, D = D, dtype = DT, page = page,
+    kv_dtype = kv, k_scale = kv and 0.5 or nil, v_scale = kv and 0.25 or nil })
   return call, bytes
 end
 
-local function decode(wl, page, label)
-  local call, bytes = decode_call(wl, page)
+local function decode(wl, page, label, kv)
+  local call, bytes = decode_call(wl, page, kv)
   steady(call)
   local k, w = time_calls(call, iters)
-  decode_row("decode " .. wl.name .. (label or ""), layout(page), bytes, k, w, loop_calls(call, iters))
+  decode_row("decode " .. wl.name .. (kv and (" " .. kv) or "") .. (label or ""), layout(page), bytes, k, w,
+    loop_calls(call, iters))
   call = nil
   collectgarbage()
   collectgarbage()
+  return k
 end
+local fp8_notes = {} -- fp8 against bf16, same run
 
 -- rotary append: B sequences x n new tokens (k rotated, k and v written into
 -- their pages), no queries
-local function append(B, n, page, tag)
+local function append(B, n, page, tag, kv)
   local L = 4096
-  local kc, vc, bt = make_cache(B, L, page)
+  local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, page, kv or DT)
   local k = assert(pa.randn({ B, n, HK, D }, DT, dev, 4))
   local v = assert(pa.randn({ B, n, HK, D }, DT, dev, 5))
   local rc, rs = sweep.rope_tables(pa, dev, L, D / 2, DT)
   local q = assert(pa.tensor({ B, 0, H, D }, DT, dev))
   local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
-    rotary_interleaved = false }
+    rotary_interleaved = false, k_scale = kv and 0.5 or nil, v_scale = kv and 0.25 or nil }
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
   steady(call)
   local kt, w = time_calls(call, iters)
-  decode_row(string.format("rotary append %dx%d tokens%s", B, n, tag or ""), layout(page),
-    4 * B * n * HK * D * ESZ, kt, w, loop_calls(call, iters))
+  -- (bytes: k and v read in DT, written in the cache's dtype)
+  decode_row(string.format("rotary append %dx%d tokens%s%s", B, n, kv and (" -> " .. kv) or "", tag or ""), layout(page),
+    2 * B * n * HK * D * (ESZ + (kv and 1 or ESZ)), kt, w, loop_calls(call, iters))
   collectgarbage()
+  return kt
 end
 
 -- Untimed calls of a decode workload for `seconds`, in batches queued back
@@ -276,11 +290,25 @@ if run_decode then
   print(string.format("(decode: %.1f s of untimed calls of the first workload before the table)", settle_s))
   print(decode_header)
   for _, wl in ipairs(workloads) do
-    for _, page in ipairs({ 16, 256, 0 }) do decode(wl, page) end
+    local t16
+    for _, page in ipairs({ 16, 256, 0 }) do
+      local k = decode(wl, page)
+      t16 = t16 or k
+    end
+    if fp8 then
+      for _, kv in ipairs({ "fp8_e4m3", "fp8_e5m2" }) do
+        local k = decode(wl, 16, nil, kv)
+        fp8_notes[#fp8_notes + 1] = string.format("decode %s page 16, %s: x %.2f bf16's tokens/s", wl.name, kv, t16 / k)
+      end
+    end
   end
   for _, wl in ipairs(extra_workloads) do decode(wl, 16) end
-  append(64, 512, 16)
-  append(256, 1, 16)
+  local a1, a2 = append(64, 512, 16), append(256, 1, 16)
+  if fp8 then
+    local f1, f2 = append(64, 512, 16, nil, "fp8_e4m3"), append(256, 1, 16, nil, "fp8_e4m3")
+    fp8_notes[#fp8_notes + 1] = string.format("rotary append writing fp8_e4m3: 64x512 %.1f us (bf16 %.1f), " ..
+      "256x1 %.1f us (bf16 %.1f)", f1 * 1e6, a1 * 1e6, f2 * 1e6, a2 * 1e6)
+  end
   with_configs(configs.append, function(config)
     append(64, 512, 16, " [" .. config .. "]")
     append(256, 1, 16, " [" .. config .. "]")
@@ -337,12 +365,13 @@ local prefill_budget = quick and 1.5 or 4 -- seconds of timed calls per point, a
 local function prefill_flops(wl) return 4.0 * H * D * wl.B * attended_pairs(wl.Sq, wl.Sk, true) end
 
 -- Kernel and wall seconds of one prefill workload at one layout (untimed
--- calls instead, for `settle_s` seconds, when given).
-local function prefill_time(wl, page, settle_s)
-  local kc, vc, bt = make_cache(wl.B, wl.Sk, page)
+-- calls instead, for `settle_s` seconds, when given); kv: the caches' dtype
+local function prefill_time(wl, page, settle_s, kv)
+  local kc, vc, bt = sweep.make_cache(pa, dev, wl.B, wl.Sk, HK, D, page, kv or DT)
   local q = assert(pa.randn({ wl.B, wl.Sq, H, D }, DT, dev, 3))
   local out = assert(pa.tensor({ wl.B, wl.Sq, H, D }, DT, dev))
-  local opts = { block_table = bt, cache_seqlens = wl.Sk, causal = true, out = out }
+  local opts = { block_table = bt, cache_seqlens = wl.Sk, causal = true, out = out, k_scale = kv and 0.5 or nil,
+    v_scale = kv and 0.25 or nil }
   local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
   local k, w
   if settle_s then
@@ -394,6 +423,12 @@ if run_prefill then
       wl.name, (t[16] / t[0] - 1) * 100, (t[256] / t[0] - 1) * 100)
     prefill_notes[#prefill_notes + 1] = note
     print(note)
+    if fp8 then
+      local k, w = prefill_time(wl, 16, nil, "fp8_e4m3")
+      prefill_row(wl.name .. " fp8_e4m3", layout(16), prefill_flops(wl), k, w)
+      fp8_notes[#fp8_notes + 1] = string.format("%s page 16, fp8_e4m3 cache: x %.2f bf16's TFLOP/s", wl.name,
+        t[16] / k)
+    end
   end
   with_configs(configs.prefill, function(config)
     for _, wl in ipairs(prefill_workloads) do prefill(wl, 16, " [" .. config .. "]") end
@@ -456,4 +491,9 @@ if run_prefill then
   print(prefill_header)
   for _, r in ipairs(prefill_rows) do print(r) end
   for _, r in ipairs(prefill_notes) do print(r) end
+end
+if #fp8_notes > 0 then
+  print("fp8 caches against bf16 (same run; targets, H200: decode >= 0.95 x read counting fp8 bytes, ~1.9x bf16's")
+  print("tokens/s; prefill >= bf16's TFLOP/s; rotary append writing fp8 >= 0.8 x read):")
+  for _, r in ipairs(fp8_notes) do print(r) end
 end

@@ -42,7 +42,7 @@ end
 
 -- The shapes to compile ahead: scripts/bench.lua's decode (bf16, 32 / 8 heads
 -- of 128, pages of 16 and 256, contiguous) at the tuning its sweeps try, its
--- mma.sync prefill configurations, and Hopper prefill as the specs and the
+-- mma.sync prefill configurations, its fp8 rows, and Hopper prefill as the specs and the
 -- bench use it (f16/bf16, head dims 64/128/256, 1 or 4 heads a kv head, every
 -- kind of page, softcap or not; by default, a box a page of 64 columns, and
 -- prefill_ws forced).
@@ -59,6 +59,17 @@ local function bench_shapes()
     local prefill = { dtype = "bf16", head_dim = 128, heads = 32, kv_heads = 8, page_size = page, seqlen_q = 2048 }
     for _, sm in ipairs({ { 2, 2 }, { 2, 1 }, { 3, 1 } }) do
       add(prefill, { prefill_kernel = "mma", prefill_stages = sm[1], prefill_minb = sm[2] })
+    end
+    -- fp8 caches (the bench's fp8 rows, gpu_fp8_spec's shapes): decode, prefill, and the
+    -- CUDA-core decode at head dim 256
+    for _, kv in ipairs({ "fp8_e4m3", "fp8_e5m2" }) do
+      for _, base in ipairs({ decode, prefill }) do
+        local s = {}
+        for k, v in pairs(base) do s[k] = v end
+        s.kv_dtype = kv
+        add(s, nil)
+      end
+      add({ dtype = "bf16", head_dim = 256, heads = 32, kv_heads = 8, page_size = page, seqlen_q = 1, kv_dtype = kv }, nil)
     end
   end
   for _, dt in ipairs({ "bf16", "f16" }) do

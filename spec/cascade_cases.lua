@@ -307,12 +307,24 @@ function M.cascade_random(dev, name, cases, spec)
     local ps = pick(rng, { 1, 3, 4, 16 })
     local Hk, G, D = pick(rng, { 1, 2 }), pick(rng, { 1, 2, 4 }), pick(rng, { 8, 16, 32 })
     local Hq = Hk * G
+    -- an fp8 cache (its scales, per tensor or per kv head, go into every level's calls)
+    local kvd, ks, vs = dtype, nil, nil
+    if chance(rng, 0.25) then
+      kvd = pick(rng, { "fp8_e4m3", "fp8_e5m2" })
+      local function f32(x) return ref.round(x, "f32") end
+      ks = chance(rng, 0.5) and f32(0.25 + rng:uniform()) or (function()
+        local t = {}
+        for h = 1, Hk do t[h] = f32(0.25 + rng:uniform()) end
+        return t
+      end)()
+      vs = f32(0.25 + 2 * rng:uniform())
+    end
     local cache = assert(pa.kv_cache { num_pages = 600, page_size = ps, kv_heads = Hk, head_dim = D,
-      dtype = dtype, device = dev })
+      dtype = kvd, device = dev, k_scale = ks, v_scale = vs })
     local live = random_structure(rng, cache, ps)
-    -- the keys: random, in the dtype (shared pages hold one copy)
-    cache.k_cache:copy_from(pa.randn(cache.k_cache.shape, dtype, dev, seed))
-    cache.v_cache:copy_from(pa.randn(cache.v_cache.shape, dtype, dev, seed + 1))
+    -- the keys: random, in the cache's dtype (shared pages hold one copy)
+    cache.k_cache:copy_from(pa.randn(cache.k_cache.shape, kvd, dev, seed))
+    cache.v_cache:copy_from(pa.randn(cache.v_cache.shape, kvd, dev, seed + 1))
     local form4 = chance(rng, 0.2)
     local b = cache:batch { cascade = true }
     local labels = chance(rng, 0.25)
@@ -383,8 +395,8 @@ function M.cascade_random(dev, name, cases, spec)
     local out1, lse1 = run(function(kk, vv, oo) return b:attention(q, kk, vv, oo) end)
     assert(out1, lse1)
     local info = b:cascade_info()
-    local what = string.format("case %d (seed %d, %s page %d H %d/%d D %d, %d entries, %s, info %d groups %d grouped)",
-      case, seed, dtype, ps, Hq, Hk, D, B, form4 and "with_kvcache" or "varlen", info.groups, info.grouped)
+    local what = string.format("case %d (seed %d, %s cache %s page %d H %d/%d D %d, %d entries, %s, info %d groups %d grouped)",
+      case, seed, dtype, kvd, ps, Hq, Hk, D, B, form4 and "with_kvcache" or "varlen", info.groups, info.grouped)
     assert(info.last == want, what .. ": the call ran '" .. info.last .. "', expected '" .. want .. "'")
     if info.last == "used" then used = used + 1 else reasons[info.last] = (reasons[info.last] or 0) + 1 end
     local k1, v1 = cache.k_cache:to_table(), cache.v_cache:to_table()
@@ -392,7 +404,8 @@ function M.cascade_random(dev, name, cases, spec)
     cache.k_cache:copy_from(k0)
     cache.v_cache:copy_from(v0)
     local out2 = run(function(kk, vv, oo)
-      local po = { k = kk, v = vv, block_table = b.block_table, causal = oo.causal ~= false }
+      local po = { k = kk, v = vv, block_table = b.block_table, causal = oo.causal ~= false, k_scale = ks,
+        v_scale = vs }
       for key, val in pairs(oo) do if key ~= "causal" then po[key] = val end end
       if form4 then
         po.cache_seqlens = kk and b.cache_seqlens or b.seqused_k
@@ -412,7 +425,8 @@ function M.cascade_random(dev, name, cases, spec)
     end
     local ro = { block_table = to_ref(b.block_table), causal = o.causal ~= false, softcap = o.softcap,
       softmax_scale = o.softmax_scale, window_size = o.window_size,
-      alibi_slopes = o.alibi_slopes and to_ref(o.alibi_slopes) }
+      alibi_slopes = o.alibi_slopes and to_ref(o.alibi_slopes), k_scale = ks, v_scale = vs,
+      cache_dtype = kvd ~= dtype and kvd or nil }
     if not appended then
       ro.k, ro.v = to_ref(k), to_ref(v)
       if rot then
@@ -428,7 +442,7 @@ function M.cascade_random(dev, name, cases, spec)
     end
     local rq = to_ref(q)
     local exact, exact_lse = f(rq, ref.copy(rk), ref.copy(rv), ro)
-    ro.precision, ro.cache_dtype = dtype, dtype
+    ro.precision, ro.cache_dtype = dtype, kvd
     local naive, naive_lse = f(rq, ref.copy(rk), ref.copy(rv), ro)
     local tol = ref.tolerance(dtype, ref.max_abs_diff(naive.data, exact.data))
     local err1 = ref.max_abs_diff(out1:to_table(), exact.data)

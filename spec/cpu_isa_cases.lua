@@ -3,7 +3,8 @@
 -- (PAGEDATTN_CPU_ISA picks the kernel variant when the device opens, once a
 -- process). Named decode cases (the dot-product form: GQA 4 and 8, every
 -- page size, the dtypes, several key blocks a tile, forced splits) and
--- prefills, then N random ones. Prints each failure with its seed, then
+-- prefills, fp8 caches (every byte through the decoders, then named cases),
+-- then N random ones. Prints each failure with its seed, then
 -- "cpu_isa_cases: <device>: K cases, F failed"; exits non-zero on a failure.
 local pa = require "pagedattn"
 local ref = require "pagedattn.reference"
@@ -25,12 +26,52 @@ for _, dt in ipairs({ "f32", "f16", "bf16" }) do
   wants[#wants + 1] = { mode = "decode", dtype = dt, group = 4, D = 64, cached = 280, lse = true }
   wants[#wants + 1] = { mode = "read", dtype = dt, group = 4, D = 256, sq = 2, duplicates = true, page_size = 5 }
 end
+for _, cdt in ipairs(check.FP8_DTYPES) do
+  wants[#wants + 1] = { mode = "decode", dtype = "bf16", cache_dtype = cdt, group = 4, D = 64, cached = 280, lse = true }
+  wants[#wants + 1] = { mode = "read", dtype = "f16", cache_dtype = cdt, group = 4, D = 256, sq = 2, duplicates = true,
+                        page_size = 5, k_scale = "head", v_scale = 0.5 }
+  wants[#wants + 1] = { mode = "prefill", dtype = "f32", cache_dtype = cdt, causal = true, group = 4 }
+  wants[#wants + 1] = { mode = "decode", dtype = "bf16", cache_dtype = cdt, group = 8, D = 128, cached = 200,
+                        fp8_range = "saturate" }
+  wants[#wants + 1] = { mode = "chunked", dtype = "bf16", cache_dtype = cdt, D = 128, fp8_range = "subnormal" }
+end
 wants[#wants + 1] = { mode = "decode", group = 4, num_splits = 3, cached = 250 }
 wants[#wants + 1] = { mode = "prefill", causal = true, group = 4 }
 wants[#wants + 1] = { mode = "chunked", causal = true, group = 1, D = 37 }
 for _ = 1, n do wants[#wants + 1] = {} end
 
 local failed = 0
+
+-- Every fp8 byte through the kernel's decoders: a cache of one key whose
+-- value row holds the 256 codes (NaNs and e5m2's infinities included), read
+-- by one query (the dot-product form) and by 16 (the matrix form); with one
+-- key the output is the value row times v_scale, exactly.
+local ffi = require "ffi"
+local core = require "pagedattn.core"
+for _, cdt in ipairs(check.FP8_DTYPES) do
+  local bytes = ffi.new("uint8_t[256]")
+  for b = 0, 255 do bytes[b] = b end
+  local kc = pa.tensor({ 1, 1, 1, 256 }, cdt, dev)
+  local vc = pa.tensor({ 1, 1, 1, 256 }, cdt, dev)
+  assert(core.C.pa_tensor_write(core.ctx, vc.handle, 0, bytes, 256) == 0)
+  for _, sq in ipairs({ 1, 16 }) do
+    for _, vscale in ipairs({ 1, 0.125 }) do
+      local q = pa.tensor({ 1, sq, 1, 256 }, "f32", dev)
+      local out = pa.attention_with_kvcache(q, kc, vc, { cache_seqlens = 1, v_scale = vscale })
+      local got, bad = out:to_table(), nil
+      for i = 1, sq * 256 do
+        local want = ref.fp8_decode((i - 1) % 256, cdt) * vscale
+        local ok = (want ~= want and got[i] ~= got[i]) or want == got[i]
+        if not ok and not bad then bad = string.format("code 0x%02x: %s, expected %s", (i - 1) % 256, got[i], want) end
+      end
+      if bad then
+        failed = failed + 1
+        print(string.format("FAIL %s decode of every byte (%d queries, v_scale %g): %s", cdt, sq, vscale, bad))
+      end
+    end
+  end
+end
+
 for i, want in ipairs(wants) do
   local case_seed = seed + i
   local rng = ref.rng(case_seed)

@@ -99,6 +99,7 @@ static void call_make(call *c, int B, const int32_t *q, const int32_t *k, pa_dty
     }
     pa_attn_problem *p = &c->p;
     p->dtype = dt;
+    p->cache_dtype = dt;
     p->batch = B;
     p->heads = H;
     p->kv_heads = Hk;
@@ -203,7 +204,8 @@ static void expect_listed(const call *c, const pa_cuda_caps *caps, const pa_cuda
         const pa_kernel_shape shape = {c->p.dtype, c->p.head_dim, c->p.heads, c->p.kv_heads,
                                        c->p.paged ? c->p.page_size : 0,
                                        plan->parts[i].kind == PA_PART_DECODE ? plan->parts[i].kp.q_tile : 9,
-                                       c->p.softcap > 0.f || c->p.alibi || !(c->p.scale > 0.f), c->p.rotary_cos != NULL};
+                                       c->p.softcap > 0.f || c->p.alibi || !(c->p.scale > 0.f), c->p.rotary_cos != NULL,
+                                       pa_dtype_is_fp8(c->p.cache_dtype) ? (int32_t)c->p.cache_dtype : 0};
         l->n = 0;
         EXPECT(pa_cuda_plan_variants(NULL, &shape, &t, caps, list_one, l) == PA_OK, "variants");
         bool found = false;
@@ -249,7 +251,8 @@ static void catalog_checks(void) {
     EXPECT(pa_context_create(&ctx) == PA_OK, "context");
     const int n = pa_cuda_kernel_catalog_size();
     int per_kind[PA_VK_COUNT] = {0};
-    EXPECT(n >= 70 && n <= 160, "%d variants", n);
+    /* (168: decode_mma's block modes with 16-bit and with fp8 caches) */
+    EXPECT(n >= 70 && n <= 200, "%d variants", n);
     for (int i = 0; i < n; i++) {
         const char *name = pa_cuda_kernel_catalog_name(i);
         pa_variant v;
@@ -261,6 +264,22 @@ static void catalog_checks(void) {
     }
     for (int k = 0; k < PA_VK_COUNT; k++) EXPECT(per_kind[k] > 0, "no %s variant", pa_variant_kind_name((pa_vkind)k));
     EXPECT(pa_cuda_kernel_catalog_name(n) == NULL && pa_cuda_kernel_catalog_name(-1) == NULL, "out of range");
+    /* kv, the caches' dtype: left out of a name at its default, parsed as such */
+    {
+        pa_variant a;
+        EXPECT(pa_variant_parse(ctx, "fallback dtype=bf16", &a) == PA_OK && a.v[PA_KEY_KV] == 0, "kv's default");
+        EXPECT(pa_variant_parse(ctx, "fallback dtype=bf16 kv=fp8_e5m2", &a) == PA_OK && a.v[PA_KEY_KV] == PA_FP8_E5M2,
+               "kv=fp8_e5m2");
+        char d[PA_KEY_COUNT][PA_VARIANT_DEFINE_LEN];
+        EXPECT(pa_variant_defines(&a, d) == 2 && strcmp(d[1], "-DPA_KV=5") == 0, "kv's define");
+        EXPECT(pa_variant_parse(ctx, "fallback dtype=bf16 kv=bf16", &a) == PA_ERR_ARGUMENT, "kv=bf16");
+        EXPECT(pa_variant_parse(ctx, "decode_mma dtype=bf16 D=96 nq=1 gt=4 page=16 stages=3 maxp=1024 kpw=8 persist=0 "
+                                     "minb=1 hw=0 nw=4 kv=fp8_e4m3", &a) == PA_ERR_ARGUMENT &&
+                   strstr(pa_context_error(ctx), "fp8 caches (kv=) at D 64 or 128"),
+               "decode_mma fp8 at D 96: %s", pa_context_error(ctx));
+        EXPECT(pa_variant_parse(ctx, "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=2 kv=fp8_e4m3", &a) ==
+                   PA_ERR_ARGUMENT, "prefill_ws takes no kv");
+    }
     /* the rules, partially set: what the planner asks */
     pa_variant v = pa_variant_of(PA_VK_DECODE_MMA);
     pa_variant_set(pa_variant_set(&v, PA_KEY_D, 96), PA_KEY_KPW, 16);
@@ -450,6 +469,57 @@ static void choice_checks(void) {
     pa_cuda_plan_free(&plan);
     call_free(&c);
 
+    /* fp8 caches: decode_mma at head dims 64 and 128 (4 stages at 16 keys a
+     * warp), the CUDA-core decode at other multiples of 16 and for f32 q,
+     * the fallback elsewhere; prefill on mma.sync (the Hopper kernels read
+     * 16-bit caches); the append without its 16-bit rows' path */
+    uniform(&c, 64, 1, 4096, PA_BF16, 128, 16, false);
+    c.p.cache_dtype = PA_FP8_E4M3;
+    plan_of("decode fp8 e4m3", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "decode_mma dtype=bf16 D=128 nq=1 gt=4 page=16 stages=4") &&
+               has(&plan.parts[0], " kv=fp8_e4m3") && has(&plan.parts[0], "persist=1"),
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    c.p.total_new = 64;
+    c.p.k_new = c.p.v_new = (void *)(uintptr_t)0x200000;
+    plan_of("decode fp8 e4m3 with an append", &c, &H100, NULL, &plan);
+    EXPECT(plan.append && !plan.append_new8, "the fp8 append takes pa_append");
+    pa_cuda_plan_free(&plan);
+    c.p.cache_dtype = PA_BF16;
+    plan_of("decode bf16 with an append", &c, &H100, NULL, &plan);
+    EXPECT(plan.append && plan.append_new8, "the bf16 append takes pa_append_new8");
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 4, 2, 1000, PA_F16, 96, 16, false);
+    c.p.cache_dtype = PA_FP8_E5M2;
+    plan_of("decode fp8 e5m2 D 96", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "decode dtype=f16 D=96 nq=2 gt=4 page=16 stages=4 maxp=1024 kv=fp8_e5m2"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 4, 1, 1000, PA_F32, 256, 0, false);
+    c.p.cache_dtype = PA_FP8_E4M3;
+    plan_of("decode fp8 f32 q", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "decode dtype=f32 D=256") && has(&plan.parts[0], "kv=fp8_e4m3"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 4, 1, 1000, PA_BF16, 40, 16, false);
+    c.p.cache_dtype = PA_FP8_E4M3;
+    plan_of("decode fp8 D 40", &c, &H100, NULL, &plan);
+    EXPECT(plan.parts[0].kind == PA_PART_FALLBACK && has(&plan.parts[0], "fallback dtype=bf16 kv=fp8_e4m3"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+    uniform(&c, 4, 2048, 2048, PA_BF16, 128, 16, true);
+    c.p.cache_dtype = PA_FP8_E5M2;
+    plan_of("prefill fp8", &c, &H100, NULL, &plan);
+    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2 "
+                                                   "kv=fp8_e5m2"),
+           "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    call_free(&c);
+
     /* prefill on Hopper: prefill_ws with page boxes (paged) or boxes of 64
      * columns (contiguous); wgmma where TMA does not apply or the tiles do
      * not fill the GPU; mma.sync elsewhere */
@@ -546,6 +616,7 @@ static void choice_checks(void) {
             k[b] = rnd() % 3 ? ka : kb;
         }
         call_make(&c, B, q, k, (pa_dtype)(rnd() % 3), G * Hk, Hk, dims[rnd() % 9], pages[rnd() % 7], rnd() & 1);
+        if (rnd() % 3 == 0) c.p.cache_dtype = rnd() % 2 ? PA_FP8_E4M3 : PA_FP8_E5M2; /* fp8 caches */
         char label[64];
         snprintf(label, sizeof label, "random call %d", i);
         plan_of(label, &c, rnd() % 3 ? &H100 : &A100, NULL, &plan);

@@ -51,7 +51,13 @@ typedef enum pa_dtype {
     PA_F32 = 0,
     PA_F16 = 1,
     PA_BF16 = 2,
-    PA_I32 = 3
+    PA_I32 = 3,
+    /* 8-bit floats, for KV caches (one byte an element): e4m3fn (largest
+     * finite 448, no infinities, NaN = S.1111.111) and e5m2 (largest finite
+     * 57344, infinities and NaNs as IEEE). Writes round to nearest even and
+     * saturate at the largest finite value (infinities too); NaN stays NaN. */
+    PA_FP8_E4M3 = 4,
+    PA_FP8_E5M2 = 5
 } pa_dtype;
 
 typedef enum pa_device_kind {
@@ -133,8 +139,9 @@ pa_status pa_tensor_write(pa_context *ctx, pa_tensor *t, int64_t offset,
                           const void *src, int64_t count);
 pa_status pa_tensor_read(pa_context *ctx, const pa_tensor *t, int64_t offset,
                          void *dst, int64_t count);
-/* Copies converting from/to double (round to nearest even into f16/bf16/f32;
- * i32 values must be integers in range). */
+/* Copies converting from/to double (round to nearest even into f16/bf16/f32,
+ * and into the fp8 dtypes saturating at their largest finite value; reads
+ * decode exactly; i32 values must be integers in range). */
 pa_status pa_tensor_write_f64(pa_context *ctx, pa_tensor *t, int64_t offset,
                               const double *src, int64_t count);
 pa_status pa_tensor_read_f64(pa_context *ctx, const pa_tensor *t, int64_t offset,
@@ -201,6 +208,19 @@ typedef struct pa_attention_params {
     const pa_tensor *kv_indptr;
     const pa_tensor *kv_indices;
     const pa_tensor *kv_last_page_len;
+
+    /* FP8 caches: k_cache and v_cache of one fp8 dtype (PA_FP8_E4M3 or
+     * PA_FP8_E5M2) next to q, k, v and out in f16 or bf16 (f32 too on the
+     * CPU). The caches hold x / scale; attention reads fp8 * scale, and an
+     * append rotates the new k, divides by the scale and rounds (nearest
+     * even, saturating). The scale of each: k_scale / v_scale, one number
+     * for the tensor (pa_attention_params_init: 1), or k_scales / v_scales
+     * (maybe), f32 [Hk], one per kv head, with the number left at 1. A scale
+     * is a positive finite number; caches of other dtypes take only 1. */
+    float k_scale;
+    float v_scale;
+    const pa_tensor *k_scales;
+    const pa_tensor *v_scales;
 } pa_attention_params;
 
 void pa_attention_params_init(pa_attention_params *p);

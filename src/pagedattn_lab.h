@@ -168,6 +168,7 @@ typedef struct pa_kernel_shape {
     int32_t seqlen_q;       /* queries of each sequence: up to 8 a decode kernel's, more a prefill kernel's */
     int32_t natural;        /* 1: softcap, alibi or no softmax scale */
     int32_t rotary;         /* 1: q rotated in the call */
+    int32_t kv_dtype;       /* the caches' pa_dtype where fp8 (PA_FP8_E4M3, PA_FP8_E5M2), else 0: dtype's */
 } pa_kernel_shape;
 /* The kernel variants the CUDA planner may choose for sequences of a shape on
  * arch ("sm_90a", "sm_80", ...; NULL or "": CUDA device 0's) under tuning

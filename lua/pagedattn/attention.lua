@@ -22,6 +22,8 @@ local common_opts = {
   alibi_slopes = "f32", num_splits = "number", return_softmax_lse = "boolean", out = "tensor",
   -- the pages in FlashInfer's CSR form, instead of block_table (a batch stages both)
   kv_indptr = "i32", kv_indices = "i32", kv_last_page_len = "i32",
+  -- fp8 caches: a number for the tensor, or f32 [Hk] (a tensor or a Lua array) per kv head
+  k_scale = "scale", v_scale = "scale",
 }
 local kvcache_opts = setmetatable({ cache_seqlens = "seqlens" }, { __index = common_opts })
 local varlen_opts = setmetatable({
@@ -53,7 +55,8 @@ end
 local function as_tensor(fname, name, value, kind, device)
   if is_tensor(value) then return value end
   if type(value) ~= "table" then
-    argerr(fname, name, "expected a tensor or a table, got " .. type(value))
+    argerr(fname, name, (kind == "scale" and "expected a number, a tensor or a table, got " or
+      "expected a tensor or a table, got ") .. type(value))
   end
   if kind == "table2d" then
     local rows, width = #value, 0
@@ -71,17 +74,30 @@ local function as_tensor(fname, name, value, kind, device)
     end
     return T.from_table(flat, { rows, width }, "i32", device)
   end
-  if kind ~= "f32" then
+  local float = kind == "f32" or kind == "scale"
+  if not float then
     for i = 1, #value do index_value(fname, name, value[i], "element " .. i) end
   else
     for i = 1, #value do
       if type(value[i]) ~= "number" then argerr(fname, name, "element " .. i .. " is " .. type(value[i]) .. ", not a number") end
     end
   end
-  return T.from_table(value, { #value }, kind == "f32" and "f32" or "i32", device)
+  return T.from_table(value, { #value }, float and "f32" or "i32", device)
 end
 
 local params = ffi.new("pa_attention_params")
+local float_box = ffi.new("float[1]")
+
+-- A scale given as a number: positive and finite once it is an f32 (the C
+-- field), else an error naming the option with the value as given.
+local function scale_number(fname, name, v)
+  float_box[0] = v
+  local f = float_box[0]
+  if not (f > 0 and f < math.huge) then
+    argerr(fname, name, "expected a positive finite number (as an f32), got " .. tostring(v))
+  end
+  return v
+end
 
 -- q's rank and head sizes, checked before out and lse are made from its shape
 -- (the C core checks the same, but only once they exist: a malformed q could
@@ -173,6 +189,14 @@ local function fill_params(fname, allowed, q, k_cache, v_cache, opts, varlen)
     p.softcap = opts.softcap
   end
   if opts.num_splits then p.num_splits = int32_opt(fname, "num_splits", opts.num_splits, 0) end
+  for _, name in ipairs({ "k_scale", "v_scale" }) do
+    local sc = opts[name]
+    if type(sc) == "number" then
+      p[name] = scale_number(fname, name, sc)
+    elseif sc ~= nil then
+      p[name .. "s"] = tensor_opt(name) -- per kv head: the C field k_scales / v_scales
+    end
+  end
 
   local out = opts.out
   if not out then

@@ -242,7 +242,7 @@ function Batch:unstage()
   return self
 end
 
-local reserved_opts = { block_table = true, cu_seqlens_q = true, seqused_k = true,
+local reserved_opts = { k_scale = true, v_scale = true, block_table = true, cu_seqlens_q = true, seqused_k = true,
   cache_seqlens = true, max_seqlen_q = true, k = true, v = true }
 
 local function layer_caches(self, opts, fname)
@@ -251,7 +251,8 @@ local function layer_caches(self, opts, fname)
   if type(layer) ~= "number" or layer < 1 or layer > cache.layers or layer ~= floor(layer) then
     error("pagedattn." .. fname .. ": layer: " .. tostring(layer) .. " is not in [1, " .. cache.layers .. "]", 3)
   end
-  return cache.k_caches[layer], cache.v_caches[layer]
+  local sc = cache.scales[layer]
+  return cache.k_caches[layer], cache.v_caches[layer], sc and sc.k, sc and sc.v
 end
 
 local function check_staged(self, fname)
@@ -267,7 +268,9 @@ local function copy_opts(opts, fname)
   end
   local o = {}
   for key, val in pairs(opts or {}) do
-    if reserved_opts[key] then
+    if key == "k_scale" or key == "v_scale" then
+      error("pagedattn." .. fname .. ": " .. key .. ": set by the cache (pa.kv_cache{" .. key .. " = ...})", 3)
+    elseif reserved_opts[key] then
       error("pagedattn." .. fname .. ": " .. key .. ": set by the batch (pass k and v as arguments)", 3)
     end
     if key ~= "layer" then o[key] = val end
@@ -291,7 +294,8 @@ function Batch:attention(q, k, v, opts)
   check_staged(self, F)
   if not is_tensor(q) then error("pagedattn." .. F .. ": q: expected a tensor, got " .. type(q), 2) end
   local o = copy_opts(opts, F)
-  local kc, vc = layer_caches(self, opts or {}, F)
+  local kc, vc
+  kc, vc, o.k_scale, o.v_scale = layer_caches(self, opts or {}, F)
   if o.causal == nil then o.causal = true end
   if (k == nil) ~= (v == nil) then
     error("pagedattn." .. F .. ": " .. (k == nil and "k" or "v") .. ": missing (pass both k and v, or neither)", 2)
@@ -342,8 +346,8 @@ function Batch:append_kv(k, v, opts)
   if #k.shape ~= 3 then error("pagedattn." .. F .. ": k: expected [total_q, Hk, D], got " .. #k.shape .. " dimensions", 2) end
   opts = opts or {}
   if type(opts) ~= "table" then error("pagedattn." .. F .. ": opts: expected a table, got " .. type(opts), 2) end
-  local kc, vc = layer_caches(self, opts, F)
-  local o = { k = k, v = v, window_size = { 0, 0 }, block_table = self.block_table,
+  local kc, vc, k_scale, v_scale = layer_caches(self, opts, F)
+  local o = { k = k, v = v, k_scale = k_scale, v_scale = v_scale, window_size = { 0, 0 }, block_table = self.block_table,
     cu_seqlens_q = self.cu_seqlens_q, seqused_k = self.seqused_k, max_seqlen_q = self.max_seqlen_q,
     rotary_cos = opts.rotary_cos, rotary_sin = opts.rotary_sin,
     rotary_interleaved = opts.rotary_interleaved }

@@ -57,11 +57,83 @@ end
 local cache_opts = {
   num_pages = true, page_size = true, kv_heads = true, head_dim = true, dtype = true,
   device = true, layers = true, k_cache = true, v_cache = true, k_caches = true, v_caches = true,
+  k_scale = true, v_scale = true, k_scales = true, v_scales = true,
 }
+
+local fp8_dtypes = { fp8_e4m3 = true, fp8_e5m2 = true }
+local float_box = ffi.new("float[1]")
+
+-- One layer's scale for an fp8 cache, as the attention calls take it: a
+-- number (positive and finite as an f32), or f32 [Hk] per kv head (a Lua
+-- array becomes such a tensor on the caches' device, once).
+local function layer_scale(F, name, x, hk, dev)
+  if type(x) == "number" then
+    float_box[0] = x
+    if not (float_box[0] > 0 and float_box[0] < math.huge) then
+      argerr(F, name, "expected a positive finite number (as an f32), got " .. tostring(x), 4)
+    end
+    return x
+  end
+  local t = x
+  if type(x) == "table" and not is_tensor(x) then
+    if #x ~= hk then argerr(F, name, #x .. " numbers for " .. hk .. " kv heads", 4) end
+    for i = 1, hk do
+      local v = x[i]
+      float_box[0] = type(v) == "number" and v or 0
+      if not (type(v) == "number" and float_box[0] > 0 and float_box[0] < math.huge) then
+        argerr(F, name, "entry " .. i .. " is " .. tostring(v) .. ", not a positive finite number", 4)
+      end
+    end
+    t = assert(T.from_table(x, { hk }, "f32", dev))
+  elseif not is_tensor(x) then
+    argerr(F, name, "expected a number, a list of " .. hk .. " numbers or an f32 tensor [" .. hk .. "], got " ..
+      type(x), 4)
+  end
+  if t.dtype ~= "f32" or #t.shape ~= 1 or t.shape[1] ~= hk then
+    argerr(F, name, "expected an f32 tensor [" .. hk .. "] (one scale per kv head), got " .. tostring(t), 4)
+  end
+  if t.device ~= dev then argerr(F, name, "on " .. t.device.name .. ", the caches on " .. dev.name, 4) end
+  return t
+end
+
+-- The scales of every layer ({k = ..., v = ...} a layer) from the options:
+-- k_scale / v_scale for every layer, or k_scales / v_scales, one a layer.
+local function cache_scales(F, opts, ks)
+  local any = opts.k_scale ~= nil or opts.v_scale ~= nil or opts.k_scales ~= nil or opts.v_scales ~= nil
+  local out = {}
+  if not any then return out end
+  local first = ks[1]
+  if not first or not fp8_dtypes[first.dtype] then
+    argerr(F, opts.k_scale ~= nil and "k_scale" or opts.v_scale ~= nil and "v_scale" or
+      opts.k_scales ~= nil and "k_scales" or "v_scales",
+      "scales apply to fp8 caches (dtype fp8_e4m3 or fp8_e5m2), these are " .. (first and first.dtype or "absent"), 3)
+  end
+  local hk, dev = first.shape[3], first.device
+  for _, kind in ipairs({ "k", "v" }) do
+    local one, per = opts[kind .. "_scale"], opts[kind .. "_scales"]
+    if one ~= nil and per ~= nil then
+      argerr(F, kind .. "_scales", "give " .. kind .. "_scale (every layer) or " .. kind .. "_scales (one a layer), not both", 3)
+    end
+    if per ~= nil and (type(per) ~= "table" or is_tensor(per) or #per ~= #ks) then
+      argerr(F, kind .. "_scales", "expected a list of " .. #ks .. " scales, one a layer", 3)
+    end
+    for l = 1, #ks do
+      out[l] = out[l] or {}
+      local x = per and per[l] or one
+      if x ~= nil then
+        out[l][kind] = layer_scale(F, per and (kind .. "_scales[" .. l .. "]") or (kind .. "_scale"), x, hk, dev)
+      end
+    end
+  end
+  return out
+end
 
 -- pa.kv_cache(opts): a page pool over new or given cache tensors.
 --   new tensors: num_pages, page_size, kv_heads, head_dim, dtype ("f32"), device, layers (1)
 --   given ones:  k_cache, v_cache (one layer) or k_caches, v_caches (lists, one pair per layer)
+--   fp8 caches (dtype "fp8_e4m3" / "fp8_e5m2"): k_scale, v_scale (a number, a list
+--     of Hk numbers or an f32 tensor [Hk]; default 1) for every layer, or
+--     k_scales, v_scales (one of those a layer); the batch's calls pass them
 --   bookkeeping only (no tensors, nothing to copy): num_pages, page_size, layers = 0
 function M.kv_cache(opts)
   local F = "kv_cache"
@@ -109,6 +181,7 @@ function M.kv_cache(opts)
     end
   end
 
+  local scales = cache_scales(F, opts, ks)
   local L = #ks
   local kp, vp = tensor_ptrs(L > 0 and L or 1), tensor_ptrs(L > 0 and L or 1)
   for i = 1, L do
@@ -142,10 +215,19 @@ function M.kv_cache(opts)
     kv_heads = first and first.shape[3] or nil,
     head_dim = first and first.shape[4] or nil,
     owns_tensors = owned,
+    scales = scales, -- per layer: {k = k_scale, v = v_scale} of an fp8 cache (nil: 1)
     batches = setmetatable({}, { __mode = "k" }),
     pages_buf = i32_array(64), pages_cap = 64,
   }, Cache)
   return self
+end
+
+-- The scales of layer l (1-based) of an fp8 cache: k_scale, v_scale (a
+-- number or an f32 tensor [Hk]; nil: 1).
+function Cache:layer_scales(l)
+  local s = self.scales[l or 1]
+  if not s then return nil, nil end
+  return s.k, s.v
 end
 
 -- level: where the error points (3 = the caller of the method that asks)

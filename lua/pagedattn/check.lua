@@ -16,7 +16,11 @@ local ref = require "pagedattn.reference"
 
 local check = {}
 
-local MANTISSA_BITS = { f32 = 23, f16 = 10, bf16 = 7 }
+local MANTISSA_BITS = { f32 = 23, f16 = 10, bf16 = 7, fp8_e4m3 = 3, fp8_e5m2 = 2 }
+-- fp8 caches: the smallest normal exponent (a step below it is the
+-- subnormals' fixed quantum), the largest finite value
+local FP8 = { fp8_e4m3 = { emin = -6, max = 448 }, fp8_e5m2 = { emin = -14, max = 57344 } }
+check.FP8_DTYPES = { "fp8_e4m3", "fp8_e5m2" }
 
 local function pick(rng, list) return list[rng:int(1, #list)] end
 local function chance(rng, p) return rng:uniform() < p end
@@ -24,7 +28,10 @@ local function chance(rng, p) return rng:uniform() < p end
 -- A random problem. `want` fixes any field: form ("kvcache"|"varlen"), dtype,
 -- page_size (0 = contiguous cache), mode ("decode"|"prefill"|"chunked"|"read"),
 -- B, Hk, group, D, causal, lse, max_keys, cached (keys already in the cache: a
--- number or a list per sequence), sq (queries when only reading), ...
+-- number or a list per sequence), sq (queries when only reading), and for an
+-- fp8 cache cache_dtype ("fp8_e4m3" | "fp8_e5m2"), fp8_range ("normal" |
+-- "saturate": values past the largest finite one | "subnormal"), k_scale,
+-- v_scale (a number, or "head" for one per kv head), ...
 function check.random_case(rng, want)
   want = want or {}
   local c = {}
@@ -88,7 +95,29 @@ function check.random_case(rng, want)
   w("lse", chance(rng, 0.7))
   w("num_splits", chance(rng, 0.2) and rng:int(1, 5) or 0)
   w("softmax_scale", chance(rng, 0.1) and 0.3 or nil)
+  -- (drawn last, and only for fp8 caches: other cases draw what they drew before)
+  w("cache_dtype", c.dtype)
+  if FP8[c.cache_dtype] then
+    w("fp8_range", pick(rng, { "normal", "normal", "saturate", "subnormal" }))
+    for _, name in ipairs({ "k_scale", "v_scale" }) do
+      if want[name] == nil then
+        c[name] = chance(rng, 0.3) and "head" or pick(rng, { 1, 0.5, 0.1, 3.7 })
+      else
+        c[name] = want[name]
+      end
+    end
+  end
   return c
+end
+
+-- The scale an fp8 case's values are written at: x / scale is past the
+-- largest finite value for |x| > 1.75 ("saturate"), below the smallest
+-- normal for |x| < 1 ("subnormal"), else the case's number.
+local function range_scale(c, given)
+  local f = FP8[c.cache_dtype]
+  if c.fp8_range == "saturate" then return 1.75 / f.max end
+  if c.fp8_range == "subnormal" then return 2 ^ -f.emin end
+  return given
 end
 
 function check.describe(c)
@@ -108,6 +137,11 @@ function check.describe(c)
     parts[#parts + 1] = "rotary(" .. c.rotary.dim .. (c.rotary.interleaved and ",gptj)" or ",neox)")
   end
   if c.lse then parts[#parts + 1] = "lse" end
+  if c.cache_dtype and c.cache_dtype ~= c.dtype then
+    local function sc(x) return x == "head" and "per head" or tostring(range_scale(c, x)) end
+    parts[#parts + 1] = "cache=" .. c.cache_dtype .. "(" .. c.fp8_range .. ", k_scale=" .. sc(c.k_scale) ..
+      ", v_scale=" .. sc(c.v_scale) .. ")"
+  end
   if c.num_splits > 0 then parts[#parts + 1] = "splits=" .. c.num_splits end
   if c.softmax_scale then parts[#parts + 1] = "scale=" .. c.softmax_scale end
   return table.concat(parts, " ")
@@ -120,6 +154,20 @@ local function build(c, rng)
   local B, H, Hk, D, dt = c.B, c.H, c.Hk, c.D, c.dtype
   local inputs = { opts = {} }
   local o = inputs.opts
+  local cdt = c.cache_dtype or dt
+  local fp8 = FP8[cdt]
+  -- the caches' contents: normal values in their dtype; fp8 ones spread
+  -- over the case's range (many at the largest finite value, or subnormal)
+  local cache_randn = function(shape) return ref.randn(shape, rng, dt) end
+  if fp8 then
+    local mult = c.fp8_range == "saturate" and fp8.max / 2 or c.fp8_range == "subnormal" and 2 ^ (fp8.emin - 1) or 1
+    local R = ref.rounder(cdt)
+    cache_randn = function(shape)
+      local t = ref.tensor(shape)
+      for i = 1, #t.data do t.data[i] = R(rng:normal() * mult) end
+      return t
+    end
+  end
   local seqlen_k = {}
   local max_k = 1
   for b = 1, B do
@@ -157,8 +205,8 @@ local function build(c, rng)
         bt[(b - 1) * width + j] = v
       end
     end
-    inputs.k_cache = ref.randn({ num_pages, ps, Hk, D }, rng, dt)
-    inputs.v_cache = ref.randn({ num_pages, ps, Hk, D }, rng, dt)
+    inputs.k_cache = cache_randn({ num_pages, ps, Hk, D })
+    inputs.v_cache = cache_randn({ num_pages, ps, Hk, D })
     o.block_table = ref.tensor({ B, width }, bt)
   else
     local cap = max_k + rng:int(0, 5)
@@ -172,8 +220,8 @@ local function build(c, rng)
       for b = 1, B do idx[b] = c.append and rows[b] or rng:int(0, bc - 1) end
       o.cache_batch_idx = ref.tensor({ B }, idx)
     end
-    inputs.k_cache = ref.randn({ bc, cap, Hk, D }, rng, dt)
-    inputs.v_cache = ref.randn({ bc, cap, Hk, D }, rng, dt)
+    inputs.k_cache = cache_randn({ bc, cap, Hk, D })
+    inputs.v_cache = cache_randn({ bc, cap, Hk, D })
   end
   -- queries and new tokens
   if c.form == "varlen" then
@@ -219,11 +267,24 @@ local function build(c, rng)
   o.window_size = c.window
   o.softcap = c.softcap
   o.softmax_scale = c.softmax_scale
+  -- the scales, as f32 numbers (what the device uses): one, or one per kv head
+  if fp8 then
+    for _, name in ipairs({ "k_scale", "v_scale" }) do
+      if c[name] == "head" then
+        local base, list = range_scale(c, 1), {}
+        for h = 1, Hk do list[h] = ref.round(base * 2 ^ (2 * rng:uniform() - 1), "f32") end
+        o[name] = ref.tensor({ Hk }, list)
+      elseif c[name] ~= nil then
+        o[name] = ref.round(range_scale(c, c[name]), "f32")
+      end
+    end
+  end
   return inputs
 end
 
 local ref_keys = { "k", "v", "rotary_cos", "rotary_sin", "block_table", "cache_batch_idx",
-  "cu_seqlens_q", "seqused_k", "cache_seqlens", "alibi_slopes" }
+  "cu_seqlens_q", "seqused_k", "cache_seqlens", "alibi_slopes", "k_scale", "v_scale" }
+local f32_keys = { alibi_slopes = true, k_scale = true, v_scale = true }
 local int_keys = { block_table = true, cache_batch_idx = true, cu_seqlens_q = true,
   seqused_k = true, cache_seqlens = true }
 
@@ -237,6 +298,22 @@ local function to_ref(t) return ref.tensor(t.shape, t:to_table()) end
 local function excess_over_ulp(a, b, dtype)
   local rel = 2 ^ -MANTISSA_BITS[dtype]
   local worst = 0
+  local f = FP8[dtype]
+  if f then -- a step of the fp8 grid at the larger of the two (subnormals: the fixed quantum)
+    local m = MANTISSA_BITS[dtype]
+    for i = 1, #a do
+      local x, y = a[i], b[i]
+      if x ~= y then
+        local big = math.max(math.abs(x), math.abs(y))
+        local _, e = math.frexp(big)
+        local step = 2 ^ (math.max(e - 1, f.emin) - m)
+        local d = math.abs(x - y) - step
+        if x ~= x or y ~= y or big == math.huge then d = math.huge end
+        if d > worst then worst = d end
+      end
+    end
+    return worst
+  end
   for i = 1, #a do
     local x, y = a[i], b[i]
     if x ~= y then
@@ -253,21 +330,22 @@ end
 function check.run(c, device, rng)
   local inputs = build(c, rng)
   local dt = c.dtype
+  local cdt = c.cache_dtype or dt
   -- device side
   local dopts = {}
   for k, v in pairs(inputs.opts) do dopts[k] = v end
   for _, k in ipairs(ref_keys) do
     local t = inputs.opts[k]
-    if t then
-      local tdt = int_keys[k] and "i32" or (k == "alibi_slopes" and "f32" or dt)
+    if type(t) == "table" then
+      local tdt = int_keys[k] and "i32" or (f32_keys[k] and "f32" or dt)
       dopts[k] = to_device(t, tdt, device)
     end
   end
   dopts.return_softmax_lse = c.lse or nil
   dopts.num_splits = c.num_splits > 0 and c.num_splits or nil
   local q = to_device(inputs.q, dt, device)
-  local kc = to_device(inputs.k_cache, dt, device)
-  local vc = to_device(inputs.v_cache, dt, device)
+  local kc = to_device(inputs.k_cache, cdt, device)
+  local vc = to_device(inputs.v_cache, cdt, device)
   local poison = pa.tensor(q.shape, dt, device):fill(0 / 0)
   dopts.out = poison
   local fn = c.form == "varlen" and pa.attention_varlen or pa.attention_with_kvcache
@@ -275,10 +353,11 @@ function check.run(c, device, rng)
   assert(out, lse)
 
   -- reference: exact (f64) and naive (in the dtype), each on its own caches
-  local function ref_run(precision)
-    local o = { precision = precision, cache_dtype = dt }
+  -- (copies of the inputs, or of `given` caches that hold the append already)
+  local function ref_run(precision, given_k, given_v)
+    local o = { precision = precision, cache_dtype = cdt, write_cache = given_k == nil }
     for k, v in pairs(inputs.opts) do o[k] = v end
-    local k_cache, v_cache = ref.copy(inputs.k_cache), ref.copy(inputs.v_cache)
+    local k_cache, v_cache = ref.copy(given_k or inputs.k_cache), ref.copy(given_v or inputs.v_cache)
     local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
     local rout, rlse = rfn(inputs.q, k_cache, v_cache, o)
     return rout, rlse, k_cache, v_cache
@@ -287,6 +366,24 @@ function check.run(c, device, rng)
   local naive_out, naive_lse = ref_run(dt)
 
   local r = { case = c }
+  local cache_lines = {}
+  if c.append then
+    local got_k, got_v = kc:to_table(), vc:to_table()
+    r.cache_excess = math.max(excess_over_ulp(got_k, exact_k.data, cdt), excess_over_ulp(got_v, exact_v.data, cdt))
+    cache_lines[1] = string.format("caches: %s", r.cache_excess == 0 and "match"
+      or string.format("differ by %.3g beyond one rounding step", r.cache_excess))
+    -- An fp8 step is an eighth of a value: a device whose append rounds one
+    -- element the other way (an f32 rotation next to a tie of the grid) is
+    -- within the rule above, and its attention is judged on the caches it
+    -- holds, by the references reading them (the append checked just now).
+    if FP8[cdt] and r.cache_excess == 0 and (ref.max_abs_diff(got_k, exact_k.data) > 0 or
+                                             ref.max_abs_diff(got_v, exact_v.data) > 0) then
+      local dk, dv = ref.tensor(inputs.k_cache.shape, got_k), ref.tensor(inputs.v_cache.shape, got_v)
+      exact_out, exact_lse = ref_run("f64", dk, dv)
+      naive_out, naive_lse = ref_run(dt, dk, dv)
+      cache_lines[1] = "caches: within one fp8 step (attention judged on the device's)"
+    end
+  end
   local got_out = out:to_table()
   r.out_err = ref.max_abs_diff(got_out, exact_out.data)
   r.out_naive = ref.max_abs_diff(naive_out.data, exact_out.data)
@@ -302,11 +399,8 @@ function check.run(c, device, rng)
     lines[#lines + 1] = string.format("lse: max |err| %.3g, tolerance %.3g", r.lse_err, r.lse_tol)
   end
   if c.append then
-    r.cache_excess = math.max(excess_over_ulp(kc:to_table(), exact_k.data, dt),
-                              excess_over_ulp(vc:to_table(), exact_v.data, dt))
     r.ok = r.ok and r.cache_excess == 0
-    lines[#lines + 1] = string.format("caches: %s", r.cache_excess == 0 and "match"
-      or string.format("differ by %.3g beyond one rounding step", r.cache_excess))
+    lines[#lines + 1] = cache_lines[1]
   end
   r.report = table.concat(lines, "; ")
   return r
@@ -314,4 +408,6 @@ end
 
 check.build = build
 check.to_ref = to_ref
+-- The largest |a[i] - b[i]| beyond one rounding step of dtype (0: within).
+check.excess_over_step = excess_over_ulp
 return check

@@ -135,7 +135,7 @@ function M.check(status, fname, level)
   return nil, msg
 end
 
-M.dtypes = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 }
-M.dtype_names = { [0] = "f32", "f16", "bf16", "i32" }
+M.dtypes = { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, fp8_e4m3 = 4, fp8_e5m2 = 5 }
+M.dtype_names = { [0] = "f32", "f16", "bf16", "i32", "fp8_e4m3", "fp8_e5m2" }
 
 return M

@@ -19,6 +19,12 @@
 -- * precision emulation rounds softcap the way PyTorch would: after s / cap,
 --   after tanh, after * cap. Cache values that were already there are read as
 --   given (callers pass values that are representable in their dtype).
+-- * fp8 caches ("fp8_e4m3", "fp8_e5m2" as cache_dtype) hold x / scale,
+--   computed as x * (1 / scale) in double and rounded once, as pagedattn
+--   does (k_scale, v_scale: one number, or one per kv head); attention reads
+--   cache * scale, exactly here, and in the precision emulation as PyTorch
+--   would dequantize (cache * scale rounded to the precision). Rounding into
+--   fp8 saturates at the largest finite value, as the library does.
 -- * precision emulation accumulates q.k and p v in f32, rounding after each
 --   multiply-add in key (and dimension) order, as PyTorch's matrix products
 --   accumulate in f32 for f32, f16 and bf16 inputs: the naive computation's
@@ -27,6 +33,9 @@
 --   >= the cache capacity into -1, which can change where q is rotated.
 -- * opts.out, opts.num_splits, opts.return_softmax_lse, opts.max_seqlen_q are
 --   ignored; lse is always returned.
+-- * opts.write_cache = false: the new k/v are not written (the caches hold
+--   them already, e.g. a device's append read back); q is rotated as with
+--   the append.
 
 local ref = {}
 
@@ -89,74 +98,17 @@ function ref.copy(t)
 end
 
 ---------------------------------------------------------------------------
--- rounding to narrower floating-point formats
+-- rounding to narrower floating-point formats (pagedattn.reference.rounding)
 ---------------------------------------------------------------------------
 
--- p: significand bits including the implicit one; emin: exponent of the
--- smallest normal; max: largest finite value.
-local FORMATS = {
-  f32  = { p = 24, emin = -126, max = (2 - 2 ^ -23) * 2 ^ 127 },
-  f16  = { p = 11, emin = -14,  max = 65504 },
-  bf16 = { p = 8,  emin = -126, max = (2 - 2 ^ -7) * 2 ^ 127 },
-}
+local rounding = require "pagedattn.reference.rounding"
+local ROUNDERS, FP8, rounder, identity = rounding.ROUNDERS, rounding.FP8, rounding.rounder, rounding.identity
+-- ref.fp8_decode(byte, dtype): the value of an fp8 byte (0..255);
+-- ref.fp8_encode(x, dtype): the byte that x rounds to (saturating).
+ref.fp8_decode, ref.fp8_encode = rounding.fp8_decode, rounding.fp8_encode
 
--- Round to nearest, ties to even; subnormals, overflow to +-inf, NaN and signed
--- zero handled. Scaling by powers of two is exact in binary64, so q below is the
--- exact value in units of the target's ulp and only the final rounding decides.
-local function round_fmt(x, p, emin, maxv)
-  if x ~= x or x == 0 or x == huge or x == -huge then return x end
-  local a = x
-  if a < 0 then a = -a end
-  local _, e = frexp(a)          -- a = m * 2^e, 0.5 <= m < 1
-  local E = e - 1                -- a = 1.f * 2^E
-  if E < emin then E = emin end  -- subnormal range: fixed quantum 2^(emin-p+1)
-  local sh = p - 1 - E
-  local q = ldexp(a, sh)         -- 0 < q < 2^p, exact
-  local f = floor(q)
-  local r = q - f
-  if r > 0.5 or (r == 0.5 and f % 2 == 1) then f = f + 1 end
-  local res = ldexp(f, -sh)
-  if res > maxv then res = huge end
-  if x < 0 then return -res end  -- -0 when a negative value rounds to zero
-  return res
-end
-
-local function identity(x) return x end
-
-local ROUNDERS = { f64 = identity }
-for name, f in pairs(FORMATS) do
-  local p, emin, maxv = f.p, f.emin, f.max
-  ROUNDERS[name] = function(x) return round_fmt(x, p, emin, maxv) end
-end
-
--- f32 without frexp (which LuaJIT does not compile), for the hot loops of the
--- precision emulation: for 2^-100 <= |x| <= 2^100, Veltkamp's split with
--- x * (2^29 + 1) rounds x to nearest with 24 bits (ties went to even in every
--- case tried: reference_spec compares it with the hardware's f32 conversion on
--- random values and ties). Outside that range round_fmt.
-do
-  local slow = ROUNDERS.f32
-  local SPLIT, LO, HI = 2 ^ 29 + 1, 2 ^ -100, 2 ^ 100
-  ROUNDERS.f32 = function(x)
-    local a = x < 0 and -x or x
-    if a >= LO and a <= HI then
-      local c = x * SPLIT
-      return c - (c - x)
-    end
-    return slow(x)
-  end
-end
-
-local function rounder(dtype, what)
-  local r = ROUNDERS[dtype or "f64"]
-  if not r then
-    error(format("reference: %s must be one of \"f64\", \"f32\", \"f16\", \"bf16\", got %s",
-      what or "dtype", tostring(dtype)), 3)
-  end
-  return r
-end
-
--- ref.round(x, dtype): x rounded to dtype ("f64", "f32", "f16", "bf16").
+-- ref.round(x, dtype): x rounded to dtype ("f64", "f32", "f16", "bf16",
+-- "fp8_e4m3", "fp8_e5m2").
 function ref.round(x, dtype)
   return rounder(dtype, "dtype")(x)
 end
@@ -208,109 +160,14 @@ function ref.tolerance(dtype, naive_err)
 end
 
 ---------------------------------------------------------------------------
--- deterministic RNG: MRG32k3a (L'Ecuyer 1999), designed for binary64
--- arithmetic: every product stays below 2^53, so the stream is bit-identical
--- under LuaJIT and PUC Lua. normal() uses the polar method with a log
--- computed here from + - * / only, so it does not depend on the libm either.
+-- deterministic RNG (pagedattn.reference.rng: MRG32k3a, the same stream
+-- under LuaJIT and PUC Lua)
 ---------------------------------------------------------------------------
 
-local M1, M2 = 4294967087, 4294944443
-local A12, A13N, A21, A23N = 1403580, 810728, 527612, 1370589
-local MRG_NORM = 2.328306549295727688e-10 -- 1 / (M1 + 1)
-local TWO32 = 4294967296
-local LN2 = 0.6931471805599453
-local SQRT_HALF = 0.7071067811865476
-
-local function det_log(x) -- x > 0, finite
-  local m, e = frexp(x)
-  if m < SQRT_HALF then m = m * 2; e = e - 1 end -- m in [sqrt(1/2), sqrt(2))
-  local t = (m - 1) / (m + 1)                      -- |t| < 0.172
-  local t2 = t * t
-  local term, sum = t, t
-  for k = 3, 31, 2 do
-    term = term * t2
-    sum = sum + term / k
-  end
-  return 2 * sum + e * LN2
-end
-
-local Rng = {}
-Rng.__index = Rng
-
-local function mrg_mod(p, m)
-  p = p - floor(p / m) * m
-  if p < 0 then p = p + m elseif p >= m then p = p - m end
-  return p
-end
-
--- uniform in (0, 1)
-function Rng:uniform()
-  local p1 = mrg_mod(A12 * self.s11 - A13N * self.s10, M1)
-  self.s10, self.s11, self.s12 = self.s11, self.s12, p1
-  local p2 = mrg_mod(A21 * self.s22 - A23N * self.s20, M2)
-  self.s20, self.s21, self.s22 = self.s21, self.s22, p2
-  if p1 > p2 then return (p1 - p2) * MRG_NORM end
-  return (p1 - p2 + M1) * MRG_NORM
-end
-
--- standard normal
-function Rng:normal()
-  local spare = self.spare
-  if spare then
-    self.spare = nil
-    return spare
-  end
-  local u, v, s
-  repeat
-    u = 2 * self:uniform() - 1
-    v = 2 * self:uniform() - 1
-    s = u * u + v * v
-  until s < 1 and s > 0
-  local f = sqrt(-2 * det_log(s) / s)
-  self.spare = v * f
-  return u * f
-end
-
--- integer uniform in [lo, hi]
-function Rng:int(lo, hi)
-  assert(is_int(lo) and is_int(hi) and lo <= hi,
-    "rng:int(lo, hi): integers with lo <= hi expected")
-  local n = hi - lo + 1
-  local k = floor(self:uniform() * n)
-  if k >= n then k = n - 1 end
-  return lo + k
-end
-
--- in-place Fisher-Yates shuffle of a 1-based array
-function Rng:shuffle(arr)
-  for i = #arr, 2, -1 do
-    local j = self:int(1, i)
-    arr[i], arr[j] = arr[j], arr[i]
-  end
-  return arr
-end
-
 -- ref.rng(seed): seed is an integer in [0, 2^53); nil takes os.time(). The seed
--- is kept in rng.seed so that specs can print it.
-function ref.rng(seed)
-  if seed == nil then seed = os.time() end
-  assert(is_int(seed) and seed >= 0 and seed < 2 ^ 53,
-    "reference.rng: seed must be an integer in [0, 2^53), got " .. tostring(seed))
-  local x = seed % TWO32
-  local y = floor(seed / TWO32) % TWO32
-  local s = {}
-  for i = 1, 6 do
-    x = (69069 * x + 1) % TWO32
-    y = (1664525 * y + 1013904223) % TWO32
-    s[i] = (x + y) % (i <= 3 and M1 or M2)
-  end
-  if s[1] == 0 and s[2] == 0 and s[3] == 0 then s[1] = 1 end
-  if s[4] == 0 and s[5] == 0 and s[6] == 0 then s[4] = 1 end
-  local r = setmetatable({ seed = seed, s10 = s[1], s11 = s[2], s12 = s[3],
-    s20 = s[4], s21 = s[5], s22 = s[6] }, Rng)
-  for _ = 1, 16 do r:uniform() end
-  return r
-end
+-- is kept in rng.seed so that specs can print it. Methods: uniform() in
+-- (0, 1), normal(), int(lo, hi), shuffle(array).
+ref.rng = require("pagedattn.reference.rng").new
 
 -- ref.randn(shape, rng, dtype): standard normal values, rounded to dtype
 -- (default "f64").
@@ -415,6 +272,47 @@ local function int_array(x, n, name)
   return d
 end
 
+-- A cache's scale: nil (1), a number, or one per kv head (a reference
+-- tensor [Hk] or a plain array); returns Hk scales, or nil when all are 1.
+local function parse_scale(x, Hk, name)
+  if x == nil then return nil end
+  local d = x
+  if type(x) == "number" then
+    d = {}
+    for i = 1, Hk do d[i] = x end
+  elseif type(x) == "table" and x.data then
+    d = x.data
+  end
+  if type(d) ~= "table" or #d ~= Hk then
+    error(format("reference: %s must be a number or %d numbers (one per kv head)", name, Hk), 4)
+  end
+  local ones = true
+  for i = 1, Hk do
+    local v = d[i]
+    if not (type(v) == "number" and v > 0 and v < huge) then
+      error(format("reference: %s[%d] = %s is not a positive finite number", name, i - 1, tostring(v)), 4)
+    end
+    if v ~= 1 then ones = false end
+  end
+  if ones then return nil end
+  local out = {}
+  for i = 1, Hk do out[i] = d[i] end
+  return out
+end
+
+-- The cache as attention reads it: every element times its kv head's scale
+-- (rounded by R, the naive precision, when given); d itself without scales.
+local function dequantize(d, scales, Hk, D, R)
+  if not scales then return d end
+  local out = {}
+  for i = 1, #d do
+    local x = d[i] * scales[floor((i - 1) / D) % Hk + 1]
+    if R then x = R(x) end
+    out[i] = x
+  end
+  return out
+end
+
 -- Options shared by both entry points.
 local function parse_common(opts, B, H, Hk, D)
   local c = {}
@@ -454,10 +352,14 @@ local function parse_common(opts, B, H, Hk, D)
     c.alibi = a.data
   end
   if opts.precision ~= nil and opts.precision ~= "f64" then
+    assert(not FP8[opts.precision], "reference: precision must be f64, f32, f16 or bf16 (the cache's dtype is cache_dtype)")
     c.R = rounder(opts.precision, "precision")
     c.A = ROUNDERS.f32 -- the accumulator of the naive matrix products
   end
   c.store = rounder(opts.cache_dtype, "cache_dtype")
+  c.k_scale = parse_scale(opts.k_scale, Hk, "k_scale")
+  c.v_scale = parse_scale(opts.v_scale, Hk, "v_scale")
+  c.write_cache = opts.write_cache ~= false
   if opts.rotary_cos ~= nil or opts.rotary_sin ~= nil then
     check_rotary_tables(opts.rotary_cos, opts.rotary_sin)
     local rhalf = opts.rotary_cos.shape[2]
@@ -548,6 +450,7 @@ end
 -- dtype.
 local function append_seq(c, kd, vd, knew, vnew, new_off, n_new, pos0, offs, Hk, D, tmp)
   local store = c.store
+  local ks, vs = c.k_scale, c.v_scale
   for i = 0, n_new - 1 do
     local p = pos0 + i
     local dst = offs[p + 1]
@@ -558,11 +461,21 @@ local function append_seq(c, kd, vd, knew, vnew, new_off, n_new, pos0, offs, Hk,
         assert(p < c.seqlen_ro, format(
           "reference: rotary position %d outside rotary_cos rows [0, %d)", p, c.seqlen_ro))
         rotate_into(knew, so, tmp, 0, D, c.rhalf, c.cosd, c.sind, p * c.rhalf, c.interleaved)
-        for d = 1, D do kd[o + d] = store(tmp[d]) end
       else
-        for d = 1, D do kd[o + d] = store(knew[so + d]) end
+        for d = 1, D do tmp[d] = knew[so + d] end
       end
-      for d = 1, D do vd[o + d] = store(vnew[so + d]) end
+      if ks then
+        local inv = 1 / ks[hk + 1]
+        for d = 1, D do kd[o + d] = store(tmp[d] * inv) end
+      else
+        for d = 1, D do kd[o + d] = store(tmp[d]) end
+      end
+      if vs then
+        local inv = 1 / vs[hk + 1]
+        for d = 1, D do vd[o + d] = store(vnew[so + d] * inv) end
+      else
+        for d = 1, D do vd[o + d] = store(vnew[so + d]) end
+      end
     end
   end
 end
@@ -740,7 +653,7 @@ function ref.attention_with_kvcache(q, k_cache, v_cache, opts)
 
   -- appends first (all of them), then attention: a sequence reading a page that
   -- another sequence appends to sees the appended values.
-  if has_new then
+  if has_new and c.write_cache then
     for b = 0, B - 1 do
       local s = seqs[b + 1]
       append_seq(c, kd, vd, opts.k.data, opts.v.data, b * S_new * Hk * D, S_new, s.qpos0,
@@ -750,8 +663,9 @@ function ref.attention_with_kvcache(q, k_cache, v_cache, opts)
 
   local out = ref.tensor({ B, Sq, H, D })
   local lse = ref.tensor({ B, H, Sq })
+  local akd, avd = dequantize(kd, c.k_scale, Hk, D, c.R), dequantize(vd, c.v_scale, Hk, D, c.R)
   for b = 1, B do
-    attend_seq(c, seqs[b], q.data, kd, vd, out.data, lse.data, H, D, scr)
+    attend_seq(c, seqs[b], q.data, akd, avd, out.data, lse.data, H, D, scr)
   end
   return out, lse
 end
@@ -805,7 +719,7 @@ function ref.attention_varlen(q, k_cache, v_cache, opts)
   end
   local scr = scratch(D, maxk)
 
-  if has_new then
+  if has_new and c.write_cache then
     for b = 1, B do
       local s = seqs[b]
       append_seq(c, kd, vd, opts.k.data, opts.v.data, s.new_off, s.sq, s.qpos0, s.offs,
@@ -815,8 +729,9 @@ function ref.attention_varlen(q, k_cache, v_cache, opts)
 
   local out = ref.tensor({ total_q, H, D })
   local lse = ref.tensor({ H, total_q })
+  local akd, avd = dequantize(kd, c.k_scale, Hk, D, c.R), dequantize(vd, c.v_scale, Hk, D, c.R)
   for b = 1, B do
-    attend_seq(c, seqs[b], q.data, kd, vd, out.data, lse.data, H, D, scr)
+    attend_seq(c, seqs[b], q.data, akd, avd, out.data, lse.data, H, D, scr)
   end
   return out, lse
 end

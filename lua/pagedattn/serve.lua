@@ -31,7 +31,8 @@ local OPTIONS = {
   policy = true, model = true, device = true, clock = true, step_ms = true, layers = true,
   attention_heads = true, page_size = true, pages = true, budget = true, max_batch = true,
   prefix_cache = true, share_system = true, check = true, seed = true, slo_ttft_ms = true,
-  slo_tpot_ms = true, ceilings = true, progress = true, dtype = true, cascade = true,
+  slo_tpot_ms = true, ceilings = true, progress = true, dtype = true, kv_dtype = true,
+  k_scale = true, v_scale = true, cascade = true,
 }
 
 local function argerr(name, msg) error("serve.run: " .. name .. ": " .. msg, 3) end
@@ -124,6 +125,7 @@ end
 --   trace_block, policy, model, device, clock ("model" | "steps"), step_ms, layers,
 --   attention_heads, page_size, pages, budget, max_batch, prefix_cache,
 --   share_system, check, seed, slo_ttft_ms, slo_tpot_ms, ceilings, progress, dtype,
+--   kv_dtype (the cache's: dtype, fp8_e4m3 or fp8_e5m2), k_scale, v_scale (fp8),
 --   cascade (shared prefixes read once: batch{cascade = true}; each step whose
 --   batch shares pages also times the plain call, for the report).
 -- result: records (one per request, metrics.REQUEST_COLUMNS), summary
@@ -153,6 +155,15 @@ function M.run(o)
   local max_batch = whole(o, "max_batch", 64, 1)
   local dtype = o.dtype or model.dtype
   if dtype ~= "f32" and dtype ~= "f16" and dtype ~= "bf16" then argerr("dtype", "f32, f16 or bf16, got " .. tostring(dtype)) end
+  -- the cache: the model's dtype, or fp8 (half the bytes of a 16-bit cache a token)
+  local kv_dtype = o.kv_dtype or (model.kv_dtype ~= model.dtype and model.kv_dtype) or dtype
+  local fp8 = kv_dtype == "fp8_e4m3" or kv_dtype == "fp8_e5m2"
+  if kv_dtype ~= dtype and not fp8 then
+    argerr("kv_dtype", "fp8_e4m3, fp8_e5m2 or the dtype (" .. dtype .. "), got " .. tostring(kv_dtype))
+  end
+  model.kv_dtype = kv_dtype
+  local k_scale, v_scale = positive(o, "k_scale", nil), positive(o, "v_scale", nil)
+  if (k_scale or v_scale) and not fp8 then argerr(k_scale and "k_scale" or "v_scale", "scales apply to fp8 caches (kv_dtype)") end
   local clock_kind = o.clock or (type(o.trace) == "string" or type(o.trace) == "table") and "model" or "steps"
   if clock_kind ~= "model" and clock_kind ~= "steps" then argerr("clock", "model or steps, got " .. tostring(clock_kind)) end
   local step_s = positive(o, "step_ms", 10) / 1e3
@@ -200,7 +211,7 @@ function M.run(o)
   local cache
   if layers > 0 then
     cache = assert(pa.kv_cache{ num_pages = pages, page_size = page_size, kv_heads = Hk_run, head_dim = D,
-      dtype = dtype, device = dev, layers = layers })
+      dtype = kv_dtype, device = dev, layers = layers, k_scale = k_scale, v_scale = v_scale })
   else
     cache = assert(pa.kv_cache{ num_pages = pages, page_size = page_size, layers = 0 })
   end
@@ -212,7 +223,8 @@ function M.run(o)
   local checker
   if check then
     local ref = require "pagedattn.reference"
-    checker = check_mod.new({ kv_heads = Hk_run, head_dim = D, dtype = dtype, page_size = page_size },
+    checker = check_mod.new({ kv_heads = Hk_run, head_dim = D, dtype = dtype, page_size = page_size,
+                              kv_dtype = kv_dtype, k_scale = k_scale, v_scale = v_scale },
       ref.tensor({ max_len + 1, half }, cos:to_table()), ref.tensor({ max_len + 1, half }, sin:to_table()), cache)
   end
 
@@ -295,7 +307,8 @@ function M.run(o)
     if layers > 0 then
       local _, out, q, k, v = attend(seed * 1000003 - 64)
       if checker then
-        local good = checker:step({ { shadow = e.shared_prefix.shadow, before = 0, n = system } }, q, k, v, out)
+        local good = checker:step({ { shadow = e.shared_prefix.shadow, before = 0, n = system, seq = pseq } },
+          q, k, v, out)
         if not good then e.check_failed = true end
       end
     end
@@ -337,7 +350,7 @@ function M.run(o)
         entries = {}
         for i = 1, e.nlist do
           local r = e.list[i]
-          entries[i] = { shadow = r.shadow, before = r.seq:len(), n = r.scheduled }
+          entries[i] = { shadow = r.shadow, before = r.seq:len(), n = r.scheduled, seq = r.seq }
         end
       end
       e:stage()

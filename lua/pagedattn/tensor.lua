@@ -180,7 +180,7 @@ local function check_dtype(dtype, fname)
   local code = core.dtypes[dtype]
   if not code then
     raise("pagedattn." .. fname .. ": dtype: '" .. tostring(dtype) ..
-          "' is not one of f32, f16, bf16, i32")
+          "' is not one of f32, f16, bf16, i32, fp8_e4m3, fp8_e5m2")
   end
   return dtype, code
 end

@@ -149,7 +149,8 @@ function M.parse_configs(text)
 end
 
 -- shape: { dtype = "bf16", head_dim = 128, heads = 32, kv_heads = 8, page_size = 16 (0:
--- contiguous), seqlen_q = 1, natural = false, rotary = false }; t: tuning fields to
+-- contiguous), seqlen_q = 1, natural = false, rotary = false, kv_dtype = nil (or
+-- "fp8_e4m3", "fp8_e5m2": fp8 caches) }; t: tuning fields to
 -- change from the defaults (nil: none); arch: "sm_90a", "sm_80", ... (nil: CUDA device 0's).
 function M.variants_for(shape, t, arch)
   local s = ffi.new("pa_kernel_shape")
@@ -157,6 +158,11 @@ function M.variants_for(shape, t, arch)
   s.head_dim, s.heads, s.kv_heads = shape.head_dim, shape.heads, shape.kv_heads
   s.page_size, s.seqlen_q = shape.page_size or 0, shape.seqlen_q or 1
   s.natural, s.rotary = shape.natural and 1 or 0, shape.rotary and 1 or 0
+  if shape.kv_dtype and shape.kv_dtype ~= shape.dtype then
+    local kv = core.dtypes[shape.kv_dtype]
+    if kv ~= 4 and kv ~= 5 then raise("pagedattn.variants_for: kv_dtype: " .. tostring(shape.kv_dtype)) end
+    s.kv_dtype = kv
+  end
   local tp
   if t then
     tp = tuning_t()

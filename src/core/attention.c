@@ -19,11 +19,13 @@ void pa_attention_params_init(pa_attention_params *p) {
     p->window_left = -1;
     p->window_right = -1;
     p->rotary_interleaved = 1;
+    p->k_scale = 1.0f;
+    p->v_scale = 1.0f;
 }
 
 typedef struct scratch {
     /* host copies of device index tensors, and per-sequence arrays */
-    void *owned[16];
+    void *owned[24];
     int n;
 } scratch;
 
@@ -115,6 +117,76 @@ static pa_status host_i32(pa_context *ctx, scratch *s, const pa_tensor *t, const
         if (st_ != PA_OK) return st_;  \
     } while (0)
 
+/* Host view of an f32 tensor of n elements (n > 0): its memory, its host
+ * mirror, or a downloaded copy (which waits for the device). */
+static pa_status host_f32(pa_context *ctx, scratch *s, const pa_tensor *t, const float **out) {
+    if (t->dev->host_accessible) {
+        *out = t->data;
+        return PA_OK;
+    }
+    float *buf = scratch_alloc(s, t->bytes);
+    if (!buf) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    const int32_t *m = pa_mirror_get(t); /* (a mirror holds the elements' bytes) */
+    if (m) {
+        memcpy(buf, m, t->bytes);
+    } else {
+        atomic_fetch_add(&index_downloads, 1);
+        TRY(t->dev->ops->download(ctx, t->dev, buf, t->data, t->bytes));
+    }
+    *out = buf;
+    return PA_OK;
+}
+
+/* One cache's scale: `value` for the whole tensor, or `heads` (maybe) f32
+ * [Hk] per kv head, for fp8 caches; only the default 1 for others. Fills the
+ * problem's scalar, device pointer and host array of Hk scales. */
+static pa_status check_scale(pa_context *ctx, const char *name, float value, const pa_tensor *heads,
+                             pa_attn_problem *pb, scratch *s, float *scalar, const float **dptr,
+                             const float **host) {
+    const int32_t Hk = pb->kv_heads;
+    if (!pa_dtype_is_fp8(pb->cache_dtype)) {
+        if (heads || value != 1.0f)
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: scales apply to fp8 caches, and the caches are %s", name,
+                           pa_dtype_name(pb->cache_dtype));
+        *scalar = 1.0f;
+        return PA_OK;
+    }
+    float *h = scratch_alloc(s, sizeof(float) * (size_t)Hk);
+    if (!h) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: out of host memory");
+    if (!heads) {
+        if (!(value > 0) || isinf(value))
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: %g is not a positive finite number", name, (double)value);
+        for (int32_t i = 0; i < Hk; i++) h[i] = value;
+        *scalar = value;
+        *host = h;
+        return PA_OK;
+    }
+    if (value != 1.0f)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: give one number or a tensor [Hk] per kv head, not both (the number is %g)",
+                       name, (double)value);
+    TRY(check_common(ctx, name, heads, pb->dev));
+    TRY(check_dtype(ctx, name, heads, PA_F32));
+    int64_t dims[1] = {Hk};
+    TRY(check_shape(ctx, name, heads, "[Hk] (one scale per kv head)", 1, dims));
+    const float *v = NULL;
+    TRY(host_f32(ctx, s, heads, &v));
+    for (int32_t i = 0; i < Hk; i++) {
+        if (!(v[i] > 0) || isinf(v[i]))
+            return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: entry %d (kv head %d) is %g, not a positive finite number", name, i,
+                           i, (double)v[i]);
+        h[i] = v[i];
+    }
+    *scalar = 1.0f;
+    *dptr = heads->data;
+    *host = h;
+    return PA_OK;
+}
+
+static pa_status check_scales(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb, scratch *s) {
+    TRY(check_scale(ctx, "k_scale", p->k_scale, p->k_scales, pb, s, &pb->k_scale, &pb->k_scales, &pb->h_k_scales));
+    return check_scale(ctx, "v_scale", p->v_scale, p->v_scales, pb, s, &pb->v_scale, &pb->v_scales, &pb->h_v_scales);
+}
+
 /* Page ids in the pool are [0, num_pages): one unsigned compare, id >= bound,
  * finds the others (a negative id is >= 2^31 unsigned; a pool beyond 2^31
  * pages holds every other int32). */
@@ -193,12 +265,16 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         int64_t dims[4] = {-1, -1, -1, D};
         TRY(check_shape(ctx, "k_cache", kc, cache_layout, 4, dims));
     }
-    TRY(check_dtype(ctx, "k_cache", kc, q->dtype));
+    /* the caches: q's dtype, or an fp8 one (both the same) */
+    if (!pa_dtype_is_fp8(kc->dtype)) TRY(check_dtype(ctx, "k_cache", kc, q->dtype));
     {
         int64_t dims[4] = {kc->shape[0], kc->shape[1], kc->shape[2], D};
         TRY(check_shape(ctx, "v_cache", vc, cache_layout, 4, dims));
     }
-    TRY(check_dtype(ctx, "v_cache", vc, q->dtype));
+    if (vc->dtype != kc->dtype)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "v_cache: dtype %s, expected %s (k_cache's)", pa_dtype_name(vc->dtype),
+                       pa_dtype_name(kc->dtype));
+    pb->cache_dtype = kc->dtype;
     const int64_t Hk = kc->shape[2];
     if (Hk <= 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "k_cache: has 0 kv heads");
     if (H % Hk != 0)
@@ -341,6 +417,8 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
         }
         pb->alibi = a->data;
     }
+
+    TRY(check_scales(ctx, p, pb, s));
 
     /* masking and scalars */
     if (p->window_left < -1)

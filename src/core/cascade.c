@@ -409,6 +409,14 @@ static pa_status plain_params(pa_context *ctx, pa_batch *b, const pa_attention_p
     return PA_OK;
 }
 
+/* an fp8 cache's scales go with it into every call that reads or writes it */
+static void copy_scales(pa_attention_params *dst, const pa_attention_params *p) {
+    dst->k_scale = p->k_scale;
+    dst->v_scale = p->v_scale;
+    dst->k_scales = p->k_scales;
+    dst->v_scales = p->v_scales;
+}
+
 pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_params *p) {
     if (!b) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: NULL");
     if (!p) return pa_fail(ctx, PA_ERR_ARGUMENT, "params: NULL");
@@ -495,6 +503,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
         ap.out = &dummy;
         ap.k_cache = p->k_cache;
         ap.v_cache = p->v_cache;
+        copy_scales(&ap, p);
         ap.k = &k_rows;
         ap.v = &v_rows;
         ap.rotary_cos = p->rotary_cos;
@@ -559,6 +568,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     sp.softmax_lse = &lse_sh;
     sp.k_cache = p->k_cache;
     sp.v_cache = p->v_cache;
+    copy_scales(&sp, p);
     sp.block_table = field(b, PA_BATCH_PREFIX_BLOCK_TABLE);
     sp.cu_seqlens_q = field(b, PA_BATCH_PREFIX_CU_SEQLENS_Q);
     sp.seqused_k = field(b, PA_BATCH_PREFIX_SEQUSED_K);

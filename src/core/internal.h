@@ -131,7 +131,8 @@ struct pa_tensor {
     int64_t numel;
     size_t bytes;
     void *data;
-    /* Host mirror (i32 tensors on devices the host cannot address; tensor.c):
+    /* Host mirror (i32 and small f32 tensors on devices the host cannot
+     * address; tensor.c):
      * a host copy of the contents, so that attention validates and plans
      * from it instead of downloading (which waits for the device). Valid only
      * while every write since it was taken was made by the library from host
@@ -223,6 +224,18 @@ struct pa_attn_problem {
     const int32_t *h_block_table;     /* maybe: host copy of block_table */
     const int32_t *h_cache_batch_idx; /* maybe */
     int64_t total_new;
+
+    /* The caches' dtype: dtype, or an fp8 one (pa_dtype_is_fp8), whose
+     * caches hold x / scale: a key is k_cache * k_scale of its kv head, a
+     * value v_cache * v_scale, and an append stores the rotated k / k_scale
+     * (v / v_scale) rounded to nearest even, saturating. Scales are 1 for
+     * other caches. k_scales / v_scales (maybe; device pointers, f32
+     * [kv_heads]): per kv head, else every head has k_scale / v_scale; the
+     * host copies h_k_scales / h_v_scales ([kv_heads]) are always there. */
+    pa_dtype cache_dtype;
+    float k_scale, v_scale;
+    const float *k_scales, *v_scales;
+    const float *h_k_scales, *h_v_scales;
 };
 
 /* ---- merging attention states (merge.c) ------------------------------------
@@ -361,12 +374,74 @@ static inline uint16_t pa_f32_to_f16(float f) {
     return sign | (uint16_t)(a >> 13);
 }
 
+/* ---- fp8 (e4m3fn and e5m2) ----
+ * e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities,
+ * S.1111.111 is NaN, so the largest finite value is 1.75 x 2^8 = 448; the
+ * subnormals are m x 2^-9. e5m2: sign, 5 exponent bits (bias 15), 2 mantissa
+ * bits, the upper byte of an f16 (infinities, NaNs); largest finite 57344. */
+
+static inline bool pa_dtype_is_fp8(pa_dtype d) { return d == PA_FP8_E4M3 || d == PA_FP8_E5M2; }
+
+static inline float pa_fp8_e4m3_to_f32(uint8_t b) {
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24, e = (b >> 3) & 15u, m = b & 7u;
+    uint32_t u;
+    if (e == 15 && m == 7) {
+        u = sign | 0x7fc00000u;
+    } else if (e == 0) { /* subnormal: m x 2^-9, exact in f32 */
+        float f = (float)m * 0.001953125f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else {
+        u = sign | ((e + 120u) << 23) | (m << 20);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float pa_fp8_e5m2_to_f32(uint8_t b) { return pa_f16_to_f32((uint16_t)(b << 8)); }
+
+/* f rounded to nearest even on the fp8 grid, saturating: |f| at or beyond
+ * the largest finite value (infinities included) gives that value with f's
+ * sign, NaN gives NaN. Integer arithmetic on the bits, so that the kernels'
+ * twin (kernels/common.cuh) is the same code. */
+static inline uint8_t pa_f32_to_fp8(float f, pa_dtype dt) {
+    const bool e4 = dt == PA_FP8_E4M3;
+    const int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu;                       /* NaN (e4m3: S.1111.111) */
+    if (a >= (e4 ? 0x43e00000u : 0x47600000u)) return sign | (e4 ? 0x7eu : 0x7bu); /* >= 448 / 57344 */
+    const int E = a >= 0x00800000u ? (int)(a >> 23) - 127 : -126;  /* f's binade */
+    const uint32_t m = (a & 0x7fffffu) | (a >= 0x00800000u ? 0x800000u : 0u); /* f = m 2^(E - 23) */
+    int e = E < 1 - bias ? 1 - bias : E;                            /* fp8's (subnormals: the lowest) */
+    const int sh = 23 - mbits + (e - E);                            /* f / quantum = m / 2^sh */
+    if (sh > 24) return sign;                                       /* below half the smallest subnormal */
+    uint32_t n = m >> sh;
+    const uint32_t rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (n & 1u))) n++;
+    if (n >= (2u << mbits)) { /* rounded up into the next binade (never past the largest: f is below it) */
+        n >>= 1;
+        e++;
+    }
+    if (n < (1u << mbits)) return sign | (uint8_t)n; /* subnormal or zero */
+    return sign | (uint8_t)(((unsigned)(e + bias) << mbits) | (n - (1u << mbits)));
+}
+
+static inline float pa_fp8_to_f32(uint8_t b, pa_dtype dt) {
+    return dt == PA_FP8_E4M3 ? pa_fp8_e4m3_to_f32(b) : pa_fp8_e5m2_to_f32(b);
+}
+
 static inline double pa_load_f64(const void *base, pa_dtype dt, int64_t i) {
     switch (dt) {
     case PA_F32: return ((const float *)base)[i];
     case PA_F16: return pa_f16_to_f32(((const uint16_t *)base)[i]);
     case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)base)[i]);
     case PA_I32: return ((const int32_t *)base)[i];
+    case PA_FP8_E4M3: return pa_fp8_e4m3_to_f32(((const uint8_t *)base)[i]);
+    case PA_FP8_E5M2: return pa_fp8_e5m2_to_f32(((const uint8_t *)base)[i]);
     }
     return 0;
 }
@@ -377,6 +452,8 @@ static inline float pa_load_f32(const void *base, pa_dtype dt, int64_t i) {
     case PA_F16: return pa_f16_to_f32(((const uint16_t *)base)[i]);
     case PA_BF16: return pa_bf16_to_f32(((const uint16_t *)base)[i]);
     case PA_I32: return (float)((const int32_t *)base)[i];
+    case PA_FP8_E4M3: return pa_fp8_e4m3_to_f32(((const uint8_t *)base)[i]);
+    case PA_FP8_E5M2: return pa_fp8_e5m2_to_f32(((const uint8_t *)base)[i]);
     }
     return 0;
 }
@@ -387,6 +464,8 @@ static inline void pa_store_f32(void *base, pa_dtype dt, int64_t i, float v) {
     case PA_F16: ((uint16_t *)base)[i] = pa_f32_to_f16(v); break;
     case PA_BF16: ((uint16_t *)base)[i] = pa_f32_to_bf16(v); break;
     case PA_I32: ((int32_t *)base)[i] = (int32_t)v; break;
+    case PA_FP8_E4M3:
+    case PA_FP8_E5M2: ((uint8_t *)base)[i] = pa_f32_to_fp8(v, dt); break;
     }
 }
 
@@ -404,10 +483,15 @@ static inline float pa_f64_to_f32_odd(double x) {
     return f;
 }
 
+/* x rounded once to fp8 (nearest even, saturating): through f32 rounded to
+ * odd, which keeps the rounding correct (f32 has 20 bits more than fp8). */
+static inline uint8_t pa_f64_to_fp8(double x, pa_dtype dt) { return pa_f32_to_fp8(pa_f64_to_f32_odd(x), dt); }
+
 /* Stores a double into dtype dt with one correct rounding (nearest, ties even). */
 static inline void pa_store_f64(void *base, pa_dtype dt, int64_t i, double v) {
     if (dt == PA_F16 || dt == PA_BF16) pa_store_f32(base, dt, i, pa_f64_to_f32_odd(v));
     else if (dt == PA_F32) ((float *)base)[i] = (float)v;
+    else if (pa_dtype_is_fp8(dt)) ((uint8_t *)base)[i] = pa_f64_to_fp8(v, dt);
     else ((int32_t *)base)[i] = (int32_t)v;
 }
 

@@ -25,6 +25,8 @@ size_t pa_dtype_size(pa_dtype dtype) {
     case PA_F16: return 2;
     case PA_BF16: return 2;
     case PA_I32: return 4;
+    case PA_FP8_E4M3: return 1;
+    case PA_FP8_E5M2: return 1;
     }
     return 0;
 }
@@ -35,6 +37,8 @@ const char *pa_dtype_name(pa_dtype dtype) {
     case PA_F16: return "f16";
     case PA_BF16: return "bf16";
     case PA_I32: return "i32";
+    case PA_FP8_E4M3: return "fp8_e4m3";
+    case PA_FP8_E5M2: return "fp8_e5m2";
     }
     return "?";
 }
@@ -99,8 +103,13 @@ void *pa_tensor_data(const pa_tensor *t) {
 
 /* ---- host mirrors ---- */
 
+/* Small f32 tensors are mirrored too: the per-kv-head scales of fp8 caches,
+ * which attention checks on the host at every call. */
+#define PA_MIRROR_F32_MAX_BYTES ((size_t)64 << 10)
+
 static bool mirrorable(const pa_tensor *t) {
-    return !t->dev->host_accessible && t->dtype == PA_I32 && !t->exposed && t->numel > 0;
+    const bool kind = t->dtype == PA_I32 || (t->dtype == PA_F32 && t->bytes <= PA_MIRROR_F32_MAX_BYTES);
+    return !t->dev->host_accessible && kind && !t->exposed && t->numel > 0;
 }
 
 /* The mirror's storage (allocated on first use), or NULL: too big, no memory. */
@@ -120,7 +129,8 @@ void pa_mirror_changed(pa_tensor *t) {
 
 void pa_mirror_invalidate(pa_tensor *t) {
     /* only a valid mirror is written: a tensor that has none (every float
-     * tensor) is left untouched, so readers on other threads see no write */
+     * tensor but small f32 ones the library wrote) is left untouched, so
+     * readers on other threads see no write */
     if (t && t->mirror_valid) t->mirror_valid = false;
 }
 
@@ -149,6 +159,7 @@ const int32_t *pa_mirror_get(const pa_tensor *t) {
     return t->mirror;
 }
 
+/* value: the element's bits (an i32, or an f32's pattern) */
 static void mirror_fill(pa_tensor *t, int32_t value, pa_status st) {
     if (t->dev->host_accessible) return;
     int32_t *m = st == PA_OK && mirrorable(t) ? mirror_buffer(t) : NULL;
@@ -234,7 +245,12 @@ pa_status pa_tensor_read_f64(pa_context *ctx, const pa_tensor *t, int64_t offset
         }
         src = tmp;
     }
-    for (int64_t i = 0; i < count; i++) dst[i] = pa_load_f64(src, t->dtype, i);
+    for (int64_t i = 0; i < count; i++) {
+        const double v = pa_load_f64(src, t->dtype, i);
+        /* one NaN for every NaN: LuaJIT reads some NaN payloads (a negative
+         * one with high mantissa bits, as an e5m2 NaN widens to) as tags */
+        dst[i] = v == v ? v : (double)NAN;
+    }
     free(tmp);
     return PA_OK;
 }
@@ -263,7 +279,10 @@ pa_status pa_tensor_fill(pa_context *ctx, pa_tensor *t, double value) {
         return pa_fail(ctx, PA_ERR_ARGUMENT, "value: %g is not a 32-bit integer", value);
     if (!t->numel) return PA_OK;
     pa_status st = t->dev->ops->fill(ctx, t, value);
-    mirror_fill(t, t->dtype == PA_I32 ? (int32_t)value : 0, st);
+    int32_t bits = 0;
+    if (t->dtype == PA_I32) bits = (int32_t)value;
+    else if (t->dtype == PA_F32) pa_store_f64(&bits, PA_F32, 0, value);
+    mirror_fill(t, bits, st);
     return st;
 }
 

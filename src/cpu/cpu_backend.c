@@ -125,6 +125,12 @@ static void fill_item(void *arg, int64_t item, int thread) {
     int64_t begin = item * FILL_CHUNK, end = begin + FILL_CHUNK;
     if (end > t->numel) end = t->numel;
     if (!job->randn) {
+        if (pa_dtype_size(t->dtype) == 1) { /* fp8: one byte, encoded once */
+            uint8_t b[4] = {0};
+            pa_store_f64(b, t->dtype, 0, job->value);
+            memset((uint8_t *)t->data + begin, b[0], (size_t)(end - begin));
+            return;
+        }
         for (int64_t i = begin; i < end; i++) pa_store_f64(t->data, t->dtype, i, job->value);
         return;
     }
@@ -171,6 +177,20 @@ typedef struct attn_job {
     const int64_t *new_offsets; /* append: prefix sums of num_new, length batch + 1 */
 } attn_job;
 
+/* Rotates a key (double, in place) at position pos. */
+static void rotate_f64(const pa_attn_problem *p, double *x, int64_t pos) {
+    const int half = p->rotary_dim / 2;
+    for (int j = 0; j < half; j++) {
+        double c = pa_load_f64(p->rotary_cos, p->rotary_dtype, pos * half + j);
+        double s = pa_load_f64(p->rotary_sin, p->rotary_dtype, pos * half + j);
+        int i0 = p->rotary_interleaved ? 2 * j : j;
+        int i1 = p->rotary_interleaved ? 2 * j + 1 : j + half;
+        double x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x0 * s + x1 * c;
+    }
+}
+
 /* Appends token `item` (flattened over the batch) with its rotary embedding. */
 static void append_item(void *arg, int64_t item, int thread) {
     (void)thread;
@@ -192,8 +212,23 @@ static void append_item(void *arg, int64_t item, int thread) {
     const int64_t dst_row = (page * p->page_size + slot) * Hk;
     const int64_t src_row = (p->h_new_start_row[b] + i) * Hk;
     const size_t es = pa_dtype_size(p->dtype);
+    const bool fp8 = pa_dtype_is_fp8(p->cache_dtype);
     for (int hk = 0; hk < Hk; hk++) {
         const int64_t so = (src_row + hk) * D, dof = (dst_row + hk) * D;
+        if (fp8) {
+            /* x times 1 / scale in double, one rounding into the cache (nearest
+             * even, saturating): the definition every backend and the
+             * reference share (a reciprocal, not a division a element, so that
+             * the GPU's append pays one division a head) */
+            const double inv_v = 1.0 / (double)p->h_v_scales[hk], inv_k = 1.0 / (double)p->h_k_scales[hk];
+            double x[PA_MAX_HEAD_DIM];
+            for (int d = 0; d < D; d++)
+                pa_store_f64(p->v_cache, p->cache_dtype, dof + d, pa_load_f64(p->v_new, p->dtype, so + d) * inv_v);
+            for (int d = 0; d < D; d++) x[d] = pa_load_f64(p->k_new, p->dtype, so + d);
+            if (p->rotary_cos) rotate_f64(p, x, pos);
+            for (int d = 0; d < D; d++) pa_store_f64(p->k_cache, p->cache_dtype, dof + d, x[d] * inv_k);
+            continue;
+        }
         memcpy((char *)p->v_cache + dof * (int64_t)es, (const char *)p->v_new + so * (int64_t)es,
                (size_t)D * es);
         if (!p->rotary_cos) {
@@ -203,16 +238,7 @@ static void append_item(void *arg, int64_t item, int thread) {
         }
         double x[PA_MAX_HEAD_DIM];
         for (int d = 0; d < D; d++) x[d] = pa_load_f64(p->k_new, p->dtype, so + d);
-        const int half = p->rotary_dim / 2;
-        for (int j = 0; j < half; j++) {
-            double c = pa_load_f64(p->rotary_cos, p->rotary_dtype, pos * half + j);
-            double s = pa_load_f64(p->rotary_sin, p->rotary_dtype, pos * half + j);
-            int i0 = p->rotary_interleaved ? 2 * j : j;
-            int i1 = p->rotary_interleaved ? 2 * j + 1 : j + half;
-            double x0 = x[i0], x1 = x[i1];
-            x[i0] = x0 * c - x1 * s;
-            x[i1] = x0 * s + x1 * c;
-        }
+        rotate_f64(p, x, pos);
         for (int d = 0; d < D; d++) pa_store_f64(p->k_cache, p->dtype, dof + d, x[d]);
     }
 }

@@ -9,6 +9,23 @@
 #define LOAD_BF16(p) \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+/* fp8 through f16: e5m2 is an f16's upper byte; e4m3's 7 bits of exponent
+ * and mantissa shifted into an f16 (sign apart) give its value / 256, normal
+ * and subnormal alike, and its NaN pattern (all seven ones) becomes an f16 NaN */
+static inline __m256 pa_load_e5m2(const void *p) {
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_slli_epi16(x, 8));
+}
+static inline __m256 pa_load_e4m3(const void *p) {
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    __m128i h = _mm_slli_epi16(x, 7); /* exponent and mantissa in place, the sign at bit 14 */
+    h = _mm_add_epi16(h, _mm_and_si128(h, _mm_set1_epi16(0x4000))); /* the sign to bit 15 */
+    const __m128i em = _mm_set1_epi16(0x3f80);
+    h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), _mm_cmpeq_epi16(_mm_and_si128(h, em), em));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
+#define LOAD_E5M2(p) pa_load_e5m2(p)
+#define LOAD_E4M3(p) pa_load_e4m3(p)
 #include "cpu_kernel.inc"
 #else
 #include "cpu_kernels.h"

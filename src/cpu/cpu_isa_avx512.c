@@ -9,6 +9,21 @@
 #define LOAD_BF16(p) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+/* fp8 through f16 (cpu_isa_avx2.c says how) */
+static inline __m512 pa_load_e5m2(const void *p) {
+    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(x, 8));
+}
+static inline __m512 pa_load_e4m3(const void *p) {
+    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    __m256i h = _mm256_slli_epi16(x, 7); /* exponent and mantissa in place, the sign at bit 14 */
+    h = _mm256_add_epi16(h, _mm256_and_si256(h, _mm256_set1_epi16(0x4000))); /* the sign to bit 15 */
+    const __m256i em = _mm256_set1_epi16(0x3f80);
+    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em), _mm256_set1_epi16(0x7e00));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+}
+#define LOAD_E5M2(p) pa_load_e5m2(p)
+#define LOAD_E4M3(p) pa_load_e4m3(p)
 #include "cpu_kernel.inc"
 #else
 #include "cpu_kernels.h"

@@ -59,6 +59,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     if (p->total_new > 0 || (p->rotary_cos && p->total_q > 0)) {
         char variant[64];
         pa_variant v = pa_variant_of(PA_VK_APPEND);
+        pa_variant_set(&v, PA_KEY_KV, pa_dtype_is_fp8(p->cache_dtype) ? (int32_t)p->cache_dtype : 0);
         pa_variant_name(pa_variant_set(&v, PA_KEY_DTYPE, p->dtype), variant, sizeof variant);
         st = pa_cuda_module(ctx, impl, variant, &append_mod);
         if (st) return st;

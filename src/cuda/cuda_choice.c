@@ -17,11 +17,17 @@
 #define DECODE_MAXP 1024
 #define DECODE_MAXP_PERSIST 768
 
+/* The kv key of a problem: its caches' dtype where they are fp8, else 0
+ * (the dtype's own). */
+static int32_t kv_key(const pa_attn_problem *p) { return pa_dtype_is_fp8(p->cache_dtype) ? (int32_t)p->cache_dtype : 0; }
+
 /* What the problem allows, decided once per call. */
 pa_kind_rules pa_plan_kind_rules(const pa_attn_problem *p, const pa_cuda_tuning *t) {
     pa_variant d = pa_variant_of(PA_VK_DECODE), f = pa_variant_of(PA_VK_PREFILL);
     pa_variant_set(pa_variant_set(&d, PA_KEY_DTYPE, p->dtype), PA_KEY_D, p->head_dim);
     pa_variant_set(pa_variant_set(&f, PA_KEY_DTYPE, p->dtype), PA_KEY_D, p->head_dim);
+    pa_variant_set(&d, PA_KEY_KV, kv_key(p));
+    pa_variant_set(&f, PA_KEY_KV, kv_key(p));
     pa_kind_rules k = {pa_variant_allows(&d) && !t->fallback, pa_variant_allows(&f) && !t->fallback,
                     pa_variant_key_max(PA_VK_DECODE, PA_KEY_NQ)};
     return k;
@@ -50,10 +56,12 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
                    pa_variant *v, pa_kernel_plan *kp) {
     const int D = p->head_dim, G = p->group;
     const int32_t page = pa_variant_page_key(p->paged, p->page_size);
+    const int32_t kv = kv_key(p);
     memset(kp, 0, sizeof *kp);
     if (s->kind == PA_PART_DECODE) {
         pa_variant m = pa_variant_of(PA_VK_DECODE_MMA);
         pa_variant_set(pa_variant_set(&m, PA_KEY_DTYPE, p->dtype), PA_KEY_D, D);
+        pa_variant_set(&m, PA_KEY_KV, kv);
         const bool mma = pa_variant_allows(&m) && t->decode_kernel != 1;
         const pa_vkind vk = mma ? PA_VK_DECODE_MMA : PA_VK_DECODE;
         int nq = 1;
@@ -71,7 +79,9 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         pa_variant_set(pa_variant_set(&k16, PA_KEY_D, D), PA_KEY_KPW, 16);
         const bool kpw16_ok = pa_variant_allows(&k16);
         int kpw = kpw16_ok ? t->decode_kpw : 8;
-        int stages = t->decode_stages > 0 ? t->decode_stages : kpw == 16 ? 3 : 4;
+        /* (fp8 caches: 4 stages at 16 keys a warp too, half a 16-bit stage's
+         * bytes each: two blocks a SM still fit; not measured yet) */
+        int stages = t->decode_stages > 0 ? t->decode_stages : kpw == 16 && kv == 0 ? 3 : 4;
         int minb = 1;
         kp->short_kernel = mma && s->short_units;
         if (mma && s->short_units) {
@@ -125,6 +135,7 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         *v = pa_variant_of(vk);
         pa_variant_set(v, PA_KEY_DTYPE, p->dtype);
         pa_variant_set(v, PA_KEY_D, D);
+        pa_variant_set(v, PA_KEY_KV, kv);
         pa_variant_set(v, PA_KEY_NQ, nq);
         pa_variant_set(v, PA_KEY_GT, gt);
         pa_variant_set(v, PA_KEY_PAGE, page);
@@ -158,7 +169,8 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         const int force = t->prefill_kernel;
         pa_variant h = pa_variant_of(PA_VK_PREFILL_WGMMA);
         pa_variant_set(pa_variant_set(&h, PA_KEY_DTYPE, p->dtype), PA_KEY_D, D);
-        const bool hopper = caps->sm90a && pa_variant_allows(&h);
+        /* (the Hopper kernels read 16-bit caches only: fp8 on mma.sync) */
+        const bool hopper = caps->sm90a && pa_variant_allows(&h) && kv == 0;
         pa_variant tv = pa_variant_of(PA_VK_PREFILL_WS);
         pa_variant_set(pa_variant_set(&tv, PA_KEY_PAGE, page), PA_KEY_TMA, 1);
         const bool tma = hopper && caps->tma && t->prefill_tma && pa_variant_allows(&tv) && s->tma_fits;
@@ -166,6 +178,7 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         const bool wgmma = hopper && !ws && force != 3;
         *v = pa_variant_of(ws ? PA_VK_PREFILL_WS : wgmma ? PA_VK_PREFILL_WGMMA : PA_VK_PREFILL);
         pa_variant_set(v, PA_KEY_DTYPE, p->dtype);
+        if (!hopper) pa_variant_set(v, PA_KEY_KV, kv);
         pa_variant_set(v, PA_KEY_D, D);
         pa_variant_set(v, PA_KEY_GT, gt);
         pa_variant_set(v, PA_KEY_PAGE, page);
@@ -195,6 +208,7 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
     } else {
         *v = pa_variant_of(PA_VK_FALLBACK);
         pa_variant_set(v, PA_KEY_DTYPE, p->dtype);
+        pa_variant_set(v, PA_KEY_KV, kv);
     }
 }
 
@@ -302,6 +316,8 @@ pa_status pa_cuda_plan_variants(pa_context *ctx, const pa_kernel_shape *shape, c
     if (!shape) return pa_fail(ctx, PA_ERR_ARGUMENT, "shape: NULL");
     if (shape->dtype < PA_F32 || shape->dtype > PA_BF16)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "shape: dtype %d is not f32, f16 or bf16", shape->dtype);
+    if (shape->kv_dtype != 0 && !pa_dtype_is_fp8((pa_dtype)shape->kv_dtype))
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "shape: kv_dtype %d is not fp8 (4, 5) or 0", shape->kv_dtype);
     if (shape->head_dim < 1 || shape->head_dim > PA_MAX_HEAD_DIM || shape->kv_heads < 1 ||
         shape->heads < shape->kv_heads || shape->heads % shape->kv_heads != 0 || shape->page_size < 0 ||
         shape->seqlen_q < 1)
@@ -311,6 +327,7 @@ pa_status pa_cuda_plan_variants(pa_context *ctx, const pa_kernel_shape *shape, c
     pa_attn_problem p;
     memset(&p, 0, sizeof p);
     p.dtype = (pa_dtype)shape->dtype;
+    p.cache_dtype = shape->kv_dtype ? (pa_dtype)shape->kv_dtype : p.dtype;
     p.head_dim = shape->head_dim;
     p.heads = shape->heads;
     p.kv_heads = shape->kv_heads;

@@ -117,10 +117,11 @@ static pa_status cuda_fill(pa_context *ctx, pa_tensor *t, double value) {
     if (st) return st;
     CUdeviceptr p = (CUdeviceptr)(uintptr_t)t->data;
     CUresult r;
-    uint32_t bits = 0; /* 2- or 4-byte pattern in its low bytes (little-endian) */
+    uint32_t bits = 0; /* 1-, 2- or 4-byte pattern in its low bytes (little-endian) */
     pa_store_f64(&bits, t->dtype, 0, value);
     if (pa_dtype_size(t->dtype) == 4) r = pa_cu.cuMemsetD32Async(p, bits, (size_t)t->numel, impl->stream);
-    else r = pa_cu.cuMemsetD16Async(p, (uint16_t)bits, (size_t)t->numel, impl->stream);
+    else if (pa_dtype_size(t->dtype) == 2) r = pa_cu.cuMemsetD16Async(p, (uint16_t)bits, (size_t)t->numel, impl->stream);
+    else r = pa_cu.cuMemsetD8Async(p, (unsigned char)bits, (size_t)t->numel, impl->stream); /* fp8 */
     if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuMemsetAsync(fill)", __FILE__, __LINE__);
     pa_cuda_leave(impl);
     return st;
@@ -130,7 +131,9 @@ static pa_status launch_randn(pa_context *ctx, cuda_impl *impl, pa_tensor *t, ui
     pa_kmodule *m;
     pa_status st = pa_cuda_module(ctx, impl, "util", &m);
     if (st) return st;
-    const char *entry = t->dtype == PA_F32 ? "pa_randn_f32" : t->dtype == PA_F16 ? "pa_randn_f16" : "pa_randn_bf16";
+    const char *entry = t->dtype == PA_F32 ? "pa_randn_f32" : t->dtype == PA_F16 ? "pa_randn_f16"
+                      : t->dtype == PA_BF16 ? "pa_randn_bf16" : t->dtype == PA_FP8_E4M3 ? "pa_randn_fp8_e4m3"
+                                                                                    : "pa_randn_fp8_e5m2";
     CUfunction fn;
     st = pa_cuda_function(ctx, impl, m, entry, 0, &fn);
     if (st) return st;

@@ -11,8 +11,8 @@
 
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
-_Static_assert(sizeof(pa_attn_params) == 208, "pa_attn_params layout");
-_Static_assert(sizeof(pa_append_params) == 176, "pa_append_params layout");
+_Static_assert(sizeof(pa_attn_params) == 232, "pa_attn_params layout");
+_Static_assert(sizeof(pa_append_params) == 200, "pa_append_params layout");
 
 /* One TMA descriptor of the call's dtype (rank 3 or 5): dims innermost
  * first, the strides of the outer ones in bytes, 128-byte swizzle. */
@@ -122,6 +122,11 @@ static pa_status launch_append(pa_context *ctx, CUstream stream, const pa_attn_p
     ap.new_per_seq = plan->new_per_seq;
     ap.q_per_seq = plan->q_per_seq;
     ap.new_dense = plan->new_dense;
+    /* (fp8 caches; the kernel's PA_KV says whether it reads them) */
+    ap.k_scale = p->k_scale;
+    ap.v_scale = p->v_scale;
+    ap.k_scales = (pa_u64)(uintptr_t)p->k_scales;
+    ap.v_scales = (pa_u64)(uintptr_t)p->v_scales;
     void *args[] = {&ap};
     CUresult r = pa_cu.cuLaunchKernel(fn, (unsigned)plan->append_grid, 1, 1, 256, 1, 1, 0, stream, args, NULL);
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuLaunchKernel(pa_append)", __FILE__, __LINE__);
@@ -166,6 +171,10 @@ static pa_status launch_part(pa_context *ctx, CUstream stream, const pa_attn_pro
     ap.softcap = p->softcap;
     ap.item_counter = (pa_i32)(kp->persistent ? pt->counters0 + pt->ncounters : 0);
     ap.claim = pt->rule.claims;
+    ap.k_scale = p->k_scale;
+    ap.v_scale = p->v_scale;
+    ap.k_scales = (pa_u64)(uintptr_t)p->k_scales;
+    ap.v_scales = (pa_u64)(uintptr_t)p->v_scales;
     if (pt->pages0 >= 0) {
         ap.first_pages = buf->plan + plan->pages_off + sizeof(int32_t) * PA_DECODE_FIRST_PAGES * (size_t)pt->pages0;
         ap.first_pages_items = (pa_i32)pt->npaged;

@@ -15,8 +15,11 @@
 /* ---- keys: names and domains ---- */
 
 static const char *const key_names[PA_KEY_COUNT] = {
-    "dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", "hw", "nw", "natural", "tma",
+    "dtype", "D", "nq", "gt", "page", "stages", "maxp", "kpw", "persist", "minb", "hw", "nw", "natural", "tma", "kv",
 };
+
+/* kv's default (the dtype's own caches): left out of names and defines */
+static bool at_default(pa_vkey key, int32_t v) { return key == PA_KEY_KV && v == 0; }
 
 static bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -33,6 +36,7 @@ static bool in_domain(pa_vkey key, int32_t v) {
     case PA_KEY_MINB: return v >= 1 && v <= 4;
     case PA_KEY_NW: return v == 4 || v == 8;
     case PA_KEY_TMA: return v >= 0 && v <= 2;
+    case PA_KEY_KV: return v == 0 || v == PA_FP8_E4M3 || v == PA_FP8_E5M2;
     case PA_KEY_PERSIST:
     case PA_KEY_HW:
     case PA_KEY_NATURAL: return v == 0 || v == 1;
@@ -81,36 +85,39 @@ typedef struct kind_def {
     const char *name, *file, *info, *entry;
     bool sm90a;
     int nkeys;
-    pa_vkey keys[12]; /* in the order of its names */
+    pa_vkey keys[13]; /* in the order of its names */
     /* the catalog: every allowed combination of the path axes' values (the
      * first axis slowest); the shape axes' values in turn */
     int npaths, nshapes;
-    axis paths[5], shapes[8];
+    axis paths[6], shapes[8];
 } kind_def;
 
 #define PAGES6 {PA_KEY_PAGE, 6, {16, 256, PA_PAGE_CONTIG, PA_PAGE_ANY, 1, 8}}
 static const kind_def kinds[PA_VK_COUNT] = {
     [PA_VK_UTIL] = {"util", "util.cu", NULL, NULL, false, 0, {0}, 0, 0, {{0}}, {{0}}},
-    [PA_VK_APPEND] = {"append", "append.cu", NULL, NULL, false, 1, {PA_KEY_DTYPE}, 1, 0,
-                      {{PA_KEY_DTYPE, 3, {0, 1, 2}}}, {{0}}},
+    [PA_VK_APPEND] = {"append", "append.cu", NULL, NULL, false, 2, {PA_KEY_DTYPE, PA_KEY_KV}, 2, 0,
+                      {{PA_KEY_DTYPE, 3, {0, 1, 2}}, {PA_KEY_KV, 3, {0, PA_FP8_E4M3, PA_FP8_E5M2}}}, {{0}}},
     [PA_VK_MERGE] = {"merge", "merge.cu", NULL, NULL, false, 1, {PA_KEY_DTYPE}, 1, 0,
                      {{PA_KEY_DTYPE, 3, {0, 1, 2}}}, {{0}}},
-    [PA_VK_DECODE] = {"decode", "decode.cu", "pa_decode_info", "pa_decode", false, 7,
-                      {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_NQ, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_MAXP},
-                      2, 5,
+    [PA_VK_DECODE] = {"decode", "decode.cu", "pa_decode_info", "pa_decode", false, 8,
+                      {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_NQ, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_MAXP, PA_KEY_KV},
+                      2, 6,
                       {{PA_KEY_DTYPE, 3, {2, 1, 0}}, PAGES6},
                       {{PA_KEY_D, 6, {128, 64, 256, 96, 40, 8}},
                        {PA_KEY_NQ, 4, {1, 2, 8, 4}},
                        {PA_KEY_GT, 4, {8, 4, 1, 2}},
                        {PA_KEY_STAGES, 3, {3, 2, 4}},
-                       {PA_KEY_MAXP, 1, {1024}}}},
-    [PA_VK_DECODE_MMA] = {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", "pa_decode_mma", false, 12,
+                       {PA_KEY_MAXP, 1, {1024}},
+                       {PA_KEY_KV, 3, {0, PA_FP8_E4M3, PA_FP8_E5M2}}}},
+    [PA_VK_DECODE_MMA] = {"decode_mma", "decode_mma.cu", "pa_decode_mma_info", "pa_decode_mma", false, 13,
                           {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_NQ, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_MAXP,
-                           PA_KEY_KPW, PA_KEY_PERSIST, PA_KEY_MINB, PA_KEY_HW, PA_KEY_NW},
-                          5, 7,
-                          /* every block mode the rules allow (kpw x persist x hw x nw) on each kind of page */
+                           PA_KEY_KPW, PA_KEY_PERSIST, PA_KEY_MINB, PA_KEY_HW, PA_KEY_NW, PA_KEY_KV},
+                          6, 7,
+                          /* every block mode the rules allow (kpw x persist x hw x nw) on each kind of page,
+                           * with 16-bit caches and with fp8 ones (e4m3; e5m2 widens by the same code as in
+                           * the other kinds' rows) */
                           {{PA_KEY_KPW, 2, {8, 16}}, {PA_KEY_PERSIST, 2, {0, 1}}, {PA_KEY_HW, 2, {0, 1}},
-                           {PA_KEY_NW, 2, {4, 8}}, PAGES6},
+                           {PA_KEY_NW, 2, {4, 8}}, {PA_KEY_KV, 2, {0, PA_FP8_E4M3}}, PAGES6},
                           {{PA_KEY_DTYPE, 2, {2, 1}},
                            {PA_KEY_D, 4, {128, 64, 96, 32}},
                            {PA_KEY_NQ, 4, {1, 2, 4, 8}},
@@ -118,17 +125,19 @@ static const kind_def kinds[PA_VK_COUNT] = {
                            {PA_KEY_STAGES, 3, {3, 2, 4}},
                            {PA_KEY_MAXP, 2, {1024, 768}},
                            {PA_KEY_MINB, 3, {1, 3, 2}}}},
-    [PA_VK_FALLBACK] = {"fallback", "fallback.cu", "pa_fallback_info", "pa_attend", false, 1, {PA_KEY_DTYPE}, 1, 0,
-                        {{PA_KEY_DTYPE, 3, {0, 1, 2}}}, {{0}}},
-    [PA_VK_PREFILL] = {"prefill", "prefill.cu", "pa_prefill_info", "pa_prefill", false, 7,
-                       {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL, PA_KEY_MINB},
-                       2, 5,
+    [PA_VK_FALLBACK] = {"fallback", "fallback.cu", "pa_fallback_info", "pa_attend", false, 2, {PA_KEY_DTYPE, PA_KEY_KV},
+                        2, 0, {{PA_KEY_DTYPE, 3, {0, 1, 2}}, {PA_KEY_KV, 3, {0, PA_FP8_E4M3, PA_FP8_E5M2}}}, {{0}}},
+    [PA_VK_PREFILL] = {"prefill", "prefill.cu", "pa_prefill_info", "pa_prefill", false, 8,
+                       {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL, PA_KEY_MINB,
+                        PA_KEY_KV},
+                       2, 6,
                        {PAGES6, {PA_KEY_NATURAL, 2, {0, 1}}},
                        {{PA_KEY_DTYPE, 2, {2, 1}},
                         {PA_KEY_D, 5, {128, 64, 256, 80, 16}},
                         {PA_KEY_GT, 6, {4, 1, 8, 2, 3, 16}},
                         {PA_KEY_STAGES, 3, {2, 3, 4}},
-                        {PA_KEY_MINB, 2, {2, 1}}}},
+                        {PA_KEY_MINB, 2, {2, 1}},
+                        {PA_KEY_KV, 3, {0, PA_FP8_E4M3, PA_FP8_E5M2}}}},
     [PA_VK_PREFILL_WGMMA] = {"prefill_wgmma", "prefill_wgmma.cu", "pa_prefill_wgmma_info", "pa_prefill_wgmma", true,
                              6, {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL},
                              2, 4,
@@ -173,6 +182,10 @@ static bool r_mma_shape(const int32_t *v) {
     return v[PA_KEY_DTYPE] != 0 && v[PA_KEY_D] % 32 == 0 && v[PA_KEY_D] <= 128;
 }
 static bool r_kpw16(const int32_t *v) { return !(v[PA_KEY_KPW] == 16 && v[PA_KEY_D] % 64 != 0); }
+/* fp8 caches: decode_mma copies rows of whole 64-byte lines (head dims 64,
+ * 128), decode 16-byte chunks of a row */
+static bool r_mma_kv(const int32_t *v) { return v[PA_KEY_KV] == 0 || v[PA_KEY_D] % 64 == 0; }
+static bool r_decode_kv(const int32_t *v) { return v[PA_KEY_KV] == 0 || v[PA_KEY_D] % 16 == 0; }
 static bool r_hw(const int32_t *v) {
     return !(v[PA_KEY_HW] && (v[PA_KEY_NW] != 4 || v[PA_KEY_NQ] * v[PA_KEY_GT] > 8));
 }
@@ -200,6 +213,8 @@ static const rule rules[] = {
     {KIND(PA_VK_DECODE_MMA), K(PA_KEY_DTYPE) | K(PA_KEY_D), r_mma_shape,
      "decode_mma takes f16 or bf16 and D a multiple of 32 up to 128"},
     {KIND(PA_VK_DECODE_MMA), K(PA_KEY_KPW) | K(PA_KEY_D), r_kpw16, "kpw=16 takes D 64 or 128"},
+    {KIND(PA_VK_DECODE_MMA), K(PA_KEY_KV) | K(PA_KEY_D), r_mma_kv, "decode_mma takes fp8 caches (kv=) at D 64 or 128"},
+    {KIND(PA_VK_DECODE), K(PA_KEY_KV) | K(PA_KEY_D), r_decode_kv, "decode takes fp8 caches (kv=) at D a multiple of 16"},
     {KIND(PA_VK_DECODE_MMA), K(PA_KEY_HW) | K(PA_KEY_NW) | K(PA_KEY_NQ) | K(PA_KEY_GT), r_hw,
      "hw=1 (a warp a head tile) takes nw=4 and nq * gt <= 8"},
     {KIND(PA_VK_DECODE_MMA), K(PA_KEY_PERSIST) | K(PA_KEY_HW) | K(PA_KEY_KPW), r_persist,
@@ -289,6 +304,7 @@ static const char *const dtype_names[3] = {"f32", "f16", "bf16"};
 
 static int value_text(pa_vkey key, int32_t v, char *buf, size_t len) {
     if (key == PA_KEY_DTYPE) return snprintf(buf, len, "%s", dtype_names[v]);
+    if (key == PA_KEY_KV) return snprintf(buf, len, "%s", pa_dtype_name((pa_dtype)v));
     if (key == PA_KEY_PAGE && v == PA_PAGE_CONTIG) return snprintf(buf, len, "contig");
     if (key == PA_KEY_PAGE && v == PA_PAGE_ANY) return snprintf(buf, len, "any");
     return snprintf(buf, len, "%d", v);
@@ -299,6 +315,7 @@ bool pa_variant_name(const pa_variant *v, char *buf, size_t len) {
     size_t n = (size_t)snprintf(buf, len, "%s", kd->name);
     for (int i = 0; i < kd->nkeys && n < len; i++) {
         char val[16];
+        if (at_default(kd->keys[i], v->v[kd->keys[i]])) continue;
         value_text(kd->keys[i], v->v[kd->keys[i]], val, sizeof val);
         n += (size_t)snprintf(buf + n, len - n, " %s=%s", key_names[kd->keys[i]], val);
     }
@@ -307,8 +324,10 @@ bool pa_variant_name(const pa_variant *v, char *buf, size_t len) {
 
 int pa_variant_defines(const pa_variant *v, char defines[PA_KEY_COUNT][PA_VARIANT_DEFINE_LEN]) {
     const kind_def *kd = &kinds[v->kind];
+    int n = 0;
     for (int i = 0; i < kd->nkeys; i++) {
         const pa_vkey key = kd->keys[i];
+        if (at_default(key, v->v[key])) continue; /* (the kernels' own default) */
         char upper[16];
         size_t j = 0;
         for (; key_names[key][j] && j < sizeof upper - 1; j++) {
@@ -316,9 +335,9 @@ int pa_variant_defines(const pa_variant *v, char defines[PA_KEY_COUNT][PA_VARIAN
             upper[j] = (char)(c >= 'a' && c <= 'z' ? c - 32 : c);
         }
         upper[j] = '\0';
-        snprintf(defines[i], PA_VARIANT_DEFINE_LEN, "-DPA_%s=%d", upper, v->v[key]);
+        snprintf(defines[n++], PA_VARIANT_DEFINE_LEN, "-DPA_%s=%d", upper, v->v[key]);
     }
-    return kd->nkeys;
+    return n;
 }
 
 /* One key's value from its text; false when it is not one of the key's values. */
@@ -326,6 +345,8 @@ static bool parse_value(pa_vkey key, const char *val, int32_t *out) {
     long v;
     if (key == PA_KEY_DTYPE) {
         v = strcmp(val, "f32") == 0 ? 0 : strcmp(val, "f16") == 0 ? 1 : strcmp(val, "bf16") == 0 ? 2 : -1;
+    } else if (key == PA_KEY_KV) {
+        v = strcmp(val, "fp8_e4m3") == 0 ? PA_FP8_E4M3 : strcmp(val, "fp8_e5m2") == 0 ? PA_FP8_E5M2 : -1;
     } else if (key == PA_KEY_PAGE && strcmp(val, "contig") == 0) {
         v = PA_PAGE_CONTIG;
     } else if (key == PA_KEY_PAGE && strcmp(val, "any") == 0) {
@@ -359,7 +380,7 @@ pa_status pa_variant_parse(pa_context *ctx, const char *name, pa_variant *out) {
         return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': unknown kind (%s)", name, known);
     }
     const kind_def *kd = &kinds[kind];
-    const char *vals[12] = {0};
+    const char *vals[13] = {0};
     while ((tok = strtok_r(NULL, " ", &save))) {
         char *eq = strchr(tok, '=');
         int k = -1;
@@ -375,6 +396,10 @@ pa_status pa_variant_parse(pa_context *ctx, const char *name, pa_variant *out) {
     for (int i = 0; i < kd->nkeys; i++) {
         const char *key = key_names[kd->keys[i]];
         int32_t x;
+        if (!vals[i] && kd->keys[i] == PA_KEY_KV) { /* (left out at its default) */
+            pa_variant_set(&v, PA_KEY_KV, 0);
+            continue;
+        }
         if (!vals[i]) return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': %s= missing", name, key);
         if (!parse_value(kd->keys[i], vals[i], &x))
             return pa_fail(ctx, PA_ERR_ARGUMENT, "kernel variant '%s': %s=%s is not a valid value", name, key, vals[i]);
@@ -453,7 +478,7 @@ static void catalog_kind(pa_vkind kind) {
     const kind_def *kd = c.kd = &kinds[kind];
     for (int a = 0; a < kd->npaths; a++) c.ax[c.nslots++] = &kd->paths[a];
     for (int a = 0; a < kd->nshapes; a++) c.ax[c.nslots++] = &kd->shapes[a];
-    int at[5] = {0};
+    int at[6] = {0};
     for (;;) {
         pa_variant v = pa_variant_of(kind);
         int value[SLOTS];

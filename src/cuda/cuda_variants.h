@@ -8,7 +8,10 @@
  *
  * A variant is named "<kind> key=value ..." with the keys in the kind's order
  * (e.g. "decode dtype=bf16 D=128 nq=1 gt=4 page=16 stages=3 maxp=1024"); each
- * key becomes -DPA_<KEY>=<value>. Pure code: no driver, no environment.
+ * key becomes -DPA_<KEY>=<value>, but for kv, the caches' dtype, which is
+ * left out of names and defines at its default (the dtype's own: every
+ * 16-bit variant keeps its name) and else ends them ("... kv=fp8_e4m3").
+ * Pure code: no driver, no environment.
  */
 #ifndef PA_CUDA_VARIANTS_H
 #define PA_CUDA_VARIANTS_H
@@ -43,6 +46,8 @@ typedef enum pa_vkey {
     PA_KEY_NW,      /* decode_mma: warps a block */
     PA_KEY_NATURAL, /* prefill: softmax in natural exponent (softcap, alibi, no scale) */
     PA_KEY_TMA,     /* prefill_ws: 0 cp.async gather, 1 TMA boxes of 64 columns, 2 page boxes */
+    PA_KEY_KV,      /* the caches' dtype: 0 the dtype's own (the default: left out of names and
+                       defines), else fp8 (4 e4m3, 5 e5m2; pa_dtype) */
     PA_KEY_COUNT
 } pa_vkey;
 

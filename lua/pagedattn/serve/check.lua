@@ -10,6 +10,11 @@
 -- prefix cache starts from the rows recorded under those pages' hashes when
 -- they were first cached (by whichever request wrote them), so the check
 -- does not trust the pool's choice of page.
+--
+-- An fp8 cache (cfg.kv_dtype) is read back: each step's appended rows must
+-- match the reference's to one fp8 step, and the device's rows are what the
+-- shadow keeps and the reference reads (a device that rounds one element
+-- the other way, within the rule, is judged on what it holds).
 local ffi = require "ffi"
 local ref = require "pagedattn.reference"
 
@@ -17,7 +22,8 @@ local M = {}
 local Checker = {}
 Checker.__index = Checker
 
--- cfg: kv_heads, head_dim, dtype, page_size; cos, sin: reference tensors
+-- cfg: kv_heads, head_dim, dtype, page_size, kv_dtype, k_scale, v_scale;
+-- cos, sin: reference tensors
 function M.new(cfg, cos, sin, cache)
   return setmetatable({ cfg = cfg, cos = cos, sin = sin, cache = cache, by_hash = {},
     steps = 0, worst = 0, worst_ratio = 0 }, Checker)
@@ -59,11 +65,31 @@ function Checker:insert(req, from, to)
   end
 end
 
--- entries: { shadow = {k = rows, v = rows}, before = keys, n = new tokens }
+-- The rows of layer 1's caches that hold tokens [before, before + n) of
+-- each entry's sequence, as the device holds them: rows[b].k[i], .v[i].
+function Checker:device_rows(entries)
+  local Hk, D, ps = self.cfg.kv_heads, self.cfg.head_dim, self.cfg.page_size
+  local kc, vc = self.cache.k_caches[1], self.cache.v_caches[1]
+  local rows = {}
+  for b, e in ipairs(entries) do
+    local pages, r = e.seq:pages(), { k = {}, v = {} }
+    for i = 1, e.n do
+      local t = e.before + i - 1
+      local off = (pages[math.floor(t / ps) + 1] * ps + t % ps) * Hk * D
+      r.k[i], r.v[i] = kc:to_table(off, Hk * D), vc:to_table(off, Hk * D)
+    end
+    rows[b] = r
+  end
+  return rows
+end
+
+-- entries: { shadow = {k = rows, v = rows}, before = keys, n = new tokens, seq }
 -- Returns ok, max |err|, tolerance.
 function Checker:step(entries, q, k, v, out)
   local cfg = self.cfg
   local Hk, D, dt = cfg.kv_heads, cfg.head_dim, cfg.dtype
+  local cdt = cfg.kv_dtype or dt
+  local fp8 = cdt == "fp8_e4m3" or cdt == "fp8_e5m2"
   local tok = Hk * D
   local B, maxk = #entries, 1
   for _, e in ipairs(entries) do if e.before + e.n > maxk then maxk = e.before + e.n end end
@@ -72,7 +98,11 @@ function Checker:step(entries, q, k, v, out)
   local vr = ref.tensor(v.shape, v:to_table())
   local cu, used = { 0 }, {}
   for b, e in ipairs(entries) do cu[b + 1] = cu[b] + e.n; used[b] = e.before + e.n end
-  local function run(precision)
+  local k_scale = cfg.k_scale and ref.round(cfg.k_scale, "f32") -- (as the device has them)
+  local v_scale = cfg.v_scale and ref.round(cfg.v_scale, "f32")
+  -- the reference over each entry's shadow; `given` (device rows of the new
+  -- tokens, in place already): not appended again
+  local function run(precision, given)
     local kd, vd = {}, {}
     for x = 1, B * maxk * tok do kd[x], vd[x] = 0, 0 end
     for b, e in ipairs(entries) do
@@ -80,24 +110,54 @@ function Checker:step(entries, q, k, v, out)
         local base, krow, vrow = ((b - 1) * maxk + t - 1) * tok, e.shadow.k[t], e.shadow.v[t]
         for x = 1, tok do kd[base + x], vd[base + x] = krow[x], vrow[x] end
       end
+      for i = 1, given and e.n or 0 do
+        local base, krow, vrow = ((b - 1) * maxk + e.before + i - 1) * tok, given[b].k[i], given[b].v[i]
+        for x = 1, tok do kd[base + x], vd[base + x] = krow[x], vrow[x] end
+      end
     end
     local kc, vc = ref.tensor({ B, maxk, Hk, D }, kd), ref.tensor({ B, maxk, Hk, D }, vd)
     local res = ref.attention_varlen(qr, kc, vc, {
       cu_seqlens_q = cu, seqused_k = used, k = kr, v = vr, causal = true,
       rotary_cos = self.cos, rotary_sin = self.sin, rotary_interleaved = false,
-      precision = precision, cache_dtype = dt })
+      precision = precision, cache_dtype = cdt, k_scale = k_scale, v_scale = v_scale, write_cache = not given })
     return res, kc, vc
   end
   local exact, kc, vc = run("f64")
-  local naive = run(dt)
+  local rows = {} -- per entry, the new tokens' rows the shadow keeps
   for b, e in ipairs(entries) do
-    for t = e.before, e.before + e.n - 1 do
-      local base, krow, vrow = ((b - 1) * maxk + t) * tok, {}, {}
+    local r = { k = {}, v = {} }
+    for i = 1, e.n do
+      local base, krow, vrow = ((b - 1) * maxk + e.before + i - 1) * tok, {}, {}
       for x = 1, tok do krow[x], vrow[x] = kc.data[base + x], vc.data[base + x] end
-      e.shadow.k[t + 1], e.shadow.v[t + 1] = krow, vrow
+      r.k[i], r.v[i] = krow, vrow
     end
+    rows[b] = r
+  end
+  local naive
+  local cache_ok = true
+  if fp8 then
+    local dev_rows, differ = self:device_rows(entries), false
+    local step = require("pagedattn.check").excess_over_step
+    for b, e in ipairs(entries) do
+      for i = 1, e.n do
+        for _, kind in ipairs({ "k", "v" }) do
+          local a, want = dev_rows[b][kind][i], rows[b][kind][i]
+          if step(a, want, cdt) > 0 then cache_ok = false end
+          if not differ and ref.max_abs_diff(a, want) > 0 then differ = true end
+        end
+      end
+    end
+    rows = dev_rows
+    if differ then exact = run("f64", rows) end
+    naive = run(dt, differ and rows or nil)
+  else
+    naive = run(dt)
+  end
+  for b, e in ipairs(entries) do
+    for i = 1, e.n do e.shadow.k[e.before + i], e.shadow.v[e.before + i] = rows[b].k[i], rows[b].v[i] end
   end
   local err = ref.max_abs_diff(out:to_table(), exact.data)
+  if not cache_ok then err = math.huge end -- an appended row off by more than one fp8 step
   local tol = ref.tolerance(dt, ref.max_abs_diff(naive.data, exact.data))
   self.steps = self.steps + 1
   if err > self.worst then self.worst = err end

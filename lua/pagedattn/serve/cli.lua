@@ -52,6 +52,8 @@ model and clock
   --model NAME|FILE          tiny (default), llama3-8b, llama3-70b, or a .lua file returning a table
   --tp N                     tensor parallel degree (heads, weights and FLOPs split N ways)
   --heads H --kv-heads HK --head-dim D --dtype f32|f16|bf16   change the model's shape
+  --kv-dtype fp8_e4m3|fp8_e5m2   an fp8 KV cache (half a 16-bit cache's bytes a token)
+  --k-scale X --v-scale X    the fp8 cache's scales (it holds x / scale; default 1)
   --layers L                 attention layers run per step (default 1; time x the model's
                              layers); 0: bookkeeping only, attention time estimated
   --attention-heads N        run attention with N query heads (the model's grouping) and
@@ -109,6 +111,8 @@ function M.parse_args(argv)
     ["--model"] = { set, "model", value }, ["--tp"] = { set, "tp", num },
     ["--heads"] = { set, "heads", num }, ["--kv-heads"] = { set, "kv_heads", num },
     ["--head-dim"] = { set, "head_dim", num }, ["--dtype"] = { set, "dtype", value },
+    ["--kv-dtype"] = { set, "kv_dtype", value },
+    ["--k-scale"] = { set, "k_scale", num }, ["--v-scale"] = { set, "v_scale", num },
     ["--layers"] = { set, "layers", num }, ["--attention-heads"] = { set, "attention_heads", num },
     ["--clock"] = { set, "clock", value }, ["--step-ms"] = { set, "step_ms", num },
     ["--requests-out"] = { o, "requests_out", value }, ["--summary-out"] = { o, "summary_out", value },
@@ -176,7 +180,7 @@ function M.parse_args(argv)
   -- the model, with the shape flags applied to a copy
   local model = serve.clock.model(run.model or "tiny")
   local changed = {}
-  for _, k in ipairs({ "heads", "kv_heads", "head_dim", "dtype", "tp" }) do
+  for _, k in ipairs({ "heads", "kv_heads", "head_dim", "dtype", "kv_dtype", "tp" }) do
     if run[k] ~= nil then
       if model[k] ~= run[k] then changed[#changed + 1] = k .. "=" .. tostring(run[k]) end
       model[k] = run[k]
@@ -312,8 +316,9 @@ function M.main(argv)
     local Hq_run = run.attention_heads or Hq
     local Hk_run = math.max(1, math.floor(Hq_run * math.max(1, math.floor(model.kv_heads / model.tp)) / Hq))
     local clock_kind = run.clock or (run.trace and "model" or "steps")
-    print(string.format("  %s; model %s (%d layers, H=%d Hk=%d D=%d, %s, tp %d); attention %s",
-      dev.description, model.name, model.layers, model.heads, model.kv_heads, model.head_dim, model.dtype, model.tp,
+    print(string.format("  %s; model %s (%d layers, H=%d Hk=%d D=%d, %s%s, tp %d); attention %s",
+      dev.description, model.name, model.layers, model.heads, model.kv_heads, model.head_dim, model.dtype,
+      model.kv_dtype ~= model.dtype and (", KV cache " .. model.kv_dtype) or "", model.tp,
       run.layers == 0 and "not run (--layers 0: bookkeeping only, its time estimated)" or
       string.format("run on %d layer(s) with H=%d Hk=%d%s", run.layers, Hq_run, Hk_run,
         Hq_run ~= Hq and string.format(", time x %g for the model's heads", Hq / Hq_run) or "")))

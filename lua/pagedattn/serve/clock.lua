@@ -13,7 +13,8 @@
 --
 -- A model is a small table (copy one to describe yours):
 --   layers, heads, kv_heads, head_dim, hidden, mlp (the gated MLP's inner
---   size), vocab, dtype (weights and KV cache), tp (tensor parallel degree:
+--   size), vocab, dtype (weights, and the KV cache unless kv_dtype),
+--   kv_dtype (the KV cache's: dtype, or fp8_e4m3 / fp8_e5m2), tp (tensor parallel degree:
 --   weights, FLOPs and heads split tp ways; communication is not modelled),
 --   overhead_ms (a per-step constant: sampling, launches, the scheduler).
 local M = {}
@@ -31,6 +32,7 @@ M.models = {
 }
 
 local BYTES = { f32 = 4, f16 = 2, bf16 = 2 }
+local KV_BYTES = { f32 = 4, f16 = 2, bf16 = 2, fp8_e4m3 = 1, fp8_e5m2 = 1 }
 
 local REQUIRED = { "layers", "heads", "kv_heads", "head_dim", "hidden", "mlp", "vocab" }
 
@@ -58,6 +60,7 @@ function M.model(m)
   local out = {}
   for k, v in pairs(m) do out[k] = v end
   out.dtype = out.dtype or "bf16"
+  out.kv_dtype = out.kv_dtype or out.dtype
   out.tp = out.tp or 1
   out.overhead_ms = out.overhead_ms or 0
   out.name = out.name or "custom"
@@ -68,6 +71,9 @@ function M.model(m)
     end
   end
   if not BYTES[out.dtype] then error("serve: model " .. out.name .. ": dtype: f32, f16 or bf16, got " .. tostring(out.dtype), 0) end
+  if not KV_BYTES[out.kv_dtype] then
+    error("serve: model " .. out.name .. ": kv_dtype: f32, f16, bf16, fp8_e4m3 or fp8_e5m2, got " .. tostring(out.kv_dtype), 0)
+  end
   if out.heads % out.kv_heads ~= 0 then
     error("serve: model " .. out.name .. ": heads (" .. out.heads .. ") must be a multiple of kv_heads (" .. out.kv_heads .. ")", 0)
   end
@@ -96,7 +102,7 @@ end
 
 -- The KV cache's bytes per token of the whole model (all layers, k and v).
 function M.kv_bytes_per_token(m)
-  return 2 * m.layers * m.kv_heads * m.head_dim * BYTES[m.dtype]
+  return 2 * m.layers * m.kv_heads * m.head_dim * KV_BYTES[m.kv_dtype or m.dtype]
 end
 
 -- The rates a clock needs from a device's ceilings: compute in FLOP/s
@@ -123,7 +129,7 @@ end
 -- Seconds of attention for one layer, estimated: sequences i with q[i] new
 -- tokens attending causally to k[i] keys in all (q[i] <= k[i]).
 function M.attention_estimate(m, rates, n, q, k)
-  local hq, hk, d, bytes = m.heads / m.tp, math.max(1, m.kv_heads / m.tp), m.head_dim, BYTES[m.dtype]
+  local hq, hk, d, bytes = m.heads / m.tp, math.max(1, m.kv_heads / m.tp), m.head_dim, KV_BYTES[m.kv_dtype or m.dtype]
   local flops, kv = 0, 0
   for i = 1, n do
     local qi, ki = q[i], k[i]

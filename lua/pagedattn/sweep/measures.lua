@@ -25,6 +25,7 @@ function M.shuffled_pages(n, seed)
 end
 
 local dtype_bytes = { f32 = 4, f16 = 2, bf16 = 2 }
+local cache_bytes = { f32 = 4, f16 = 2, bf16 = 2, fp8_e4m3 = 1, fp8_e5m2 = 1 }
 
 local function unpaged(page)
   return page == nil and false or page == 0 or page == "none" or page == "unpaged"
@@ -54,7 +55,8 @@ end
 -- One decode call of the batch named `name`, "BxL" (B sequences of L keys)
 -- or "BxL+BxL..." (one batch of them all, the lengths in a fixed shuffled
 -- order): one query a sequence of o.H heads, a cache from make_cache of
--- o.Hk heads, o.D, o.dtype, o.page (0: contiguous) and o.order. Returns the
+-- o.Hk heads, o.D, o.dtype, o.page (0: contiguous) and o.order (o.kv_dtype:
+-- the caches' dtype instead, e.g. "fp8_e4m3", with o.k_scale, o.v_scale). Returns the
 -- call (its tensors live as long as it), its `out` tensor and the bytes of
 -- K/V it reads; nil for a name that is not a batch.
 function M.decode_batch(lib, dev, name, o)
@@ -67,13 +69,13 @@ function M.decode_batch(lib, dev, name, o)
   require("pagedattn.reference").rng(11):shuffle(lens)
   local B, L, keys = #lens, 0, 0
   for _, l in ipairs(lens) do L, keys = math.max(L, l), keys + l end
-  local kc, vc, bt = M.make_cache(lib, dev, B, L, o.Hk, o.D, o.page, o.dtype, o.order)
+  local kc, vc, bt = M.make_cache(lib, dev, B, L, o.Hk, o.D, o.page, o.kv_dtype or o.dtype, o.order)
   local q = assert(lib.randn({ B, 1, o.H, o.D }, o.dtype, dev, 3))
   local out = assert(lib.tensor({ B, 1, o.H, o.D }, o.dtype, dev))
   local seqlens = parts == 1 and L or assert(lib.from_table(lens, { B }, "i32", dev))
-  local opts = { block_table = bt, cache_seqlens = seqlens, out = out }
+  local opts = { block_table = bt, cache_seqlens = seqlens, out = out, k_scale = o.k_scale, v_scale = o.v_scale }
   return function() assert(lib.attention_with_kvcache(q, kc, vc, opts)) end, out,
-    2 * keys * o.Hk * o.D * dtype_bytes[o.dtype]
+    2 * keys * o.Hk * o.D * cache_bytes[o.kv_dtype or o.dtype]
 end
 
 -- Rotary tables for positions 0 .. L - 1 of rotary dim 2 half (base 10000,

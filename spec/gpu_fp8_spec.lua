@@ -1,0 +1,201 @@
+-- FP8 caches on the CUDA device: the same bytes as the CPU where both write
+-- (fills, randn, the append: one definition of the stored value), and the
+-- differential suite against the float64 reference on every kernel that
+-- reads fp8 caches (decode on tensor cores, the CUDA-core decode, the
+-- fallback, prefill on mma.sync), both formats, saturating and subnormal
+-- ranges, scales per head. Tagged #gpu; pending where there is no CUDA
+-- device (PAGEDATTN_GPU_SPEC_DEVICE=cpu: a dry run on the CPU).
+local pa = require "pagedattn"
+local ref = require "pagedattn.reference"
+local check = require "pagedattn.check"
+local G = require "gpu_helpers"
+local H = require "helpers"
+
+local SPEC = "spec/gpu_fp8_spec.lua"
+local dev, why = G.device()
+local cpu = assert(pa.device("cpu"))
+local FORMATS = check.FP8_DTYPES
+
+-- expect(case): after each case's call, what its plan must show (G.expect_plan), or nil
+local function run_cases(name, n, want_fn, expect)
+  for i = 1, n do
+    local seed = H.seed(name, i)
+    local rng = ref.rng(seed)
+    local case = check.random_case(rng, want_fn(rng, i))
+    local ok, r = pcall(check.run, case, dev, rng)
+    if ok and expect then
+      local eok, eerr = pcall(expect, case)
+      if not eok then ok, r = false, eerr end
+    end
+    if not ok then
+      error(string.format("%s\n  case: %s\n  seed: %d\n  %s", tostring(r), check.describe(case), seed, H.rerun(SPEC)), 0)
+    end
+    H.assert_check(r, seed, SPEC)
+  end
+end
+
+local function pick(rng, list) return list[rng:int(1, #list)] end
+
+-- The first index where two tables differ (NaN equals NaN), or nil.
+local function first_diff(a, b)
+  for i = 1, math.max(#a, #b) do
+    local x, y = a[i], b[i]
+    if not ((x ~= x and y ~= y) or x == y) then return i end
+  end
+  return nil
+end
+
+describe("#gpu fp8 caches on CUDA", function()
+  if G.pending_without(pending, dev, why) then return end
+
+  for _, fmt in ipairs(FORMATS) do
+    it("#gpu " .. fmt .. " tensors: from_table, fill and randn write the CPU's bytes", function()
+      local vals = {}
+      local rng = H.rng("gpu fp8 values " .. fmt)
+      for i = 1, 999 do vals[i] = rng:normal() * 2 ^ rng:int(-20, 18) end
+      vals[#vals + 1] = 0 / 0
+      vals[#vals + 1] = -math.huge
+      local a, b = assert(pa.from_table(vals, nil, fmt, dev)), assert(pa.from_table(vals, nil, fmt, cpu))
+      assert.is_nil(first_diff(a:to_table(), b:to_table()))
+      a:fill(-1000)
+      b:fill(-1000)
+      assert.is_nil(first_diff(a:to_table(), b:to_table()))
+      local ra, rb = G.randn2({ 4099 }, fmt, dev, cpu, 17)
+      assert.is_nil(first_diff(ra:to_table(), rb:to_table()))
+    end)
+
+    it("#gpu " .. fmt .. " append (rotated, scaled, rounded) writes the CPU's bytes", function()
+      for i, cfg in ipairs({ { rot = true, il = true, per_head = false }, { rot = true, il = false, per_head = true },
+                             { rot = false, per_head = true }, { rot = true, il = true, per_head = true, big = true } }) do
+        local rng = H.rng("gpu fp8 append " .. fmt, i)
+        local B, S, Hk, D, page = 3, 5, 2, 64, 16
+        local caches = {}
+        for _, d in ipairs({ dev, cpu }) do
+          local kc = assert(pa.tensor({ 8, page, Hk, D }, fmt, d))
+          local vc = assert(pa.tensor({ 8, page, Hk, D }, fmt, d))
+          local mult = cfg.big and (fmt == "fp8_e4m3" and 300 or 40000) or 1
+          local k = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 1))
+          local v = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 2))
+          if mult ~= 1 then
+            k = assert(pa.from_table((function(t) for j = 1, #t do t[j] = t[j] * mult end return t end)(k:to_table()),
+              k.shape, "bf16", d))
+          end
+          local q = assert(pa.randn({ B, S, 4, D }, "bf16", d, 3))
+          local opts = { k = k, v = v, cache_seqlens = { 0, 7, 11 }, block_table = { { 0, 1 }, { 2, 3 }, { 5, 4 } },
+            causal = true, k_scale = cfg.per_head and { 0.5, 3 } or 0.25, v_scale = cfg.per_head and { 2, 0.125 } or 1 }
+          if cfg.rot then
+            local n, half, cs, sn = 32, D / 2, {}, {}
+            for pos = 0, n - 1 do
+              for j = 0, half - 1 do
+                local th = pos * 10000 ^ (-2 * j / D)
+                cs[pos * half + j + 1], sn[pos * half + j + 1] = math.cos(th), math.sin(th)
+              end
+            end
+            opts.rotary_cos = assert(pa.from_table(cs, { n, half }, "bf16", d))
+            opts.rotary_sin = assert(pa.from_table(sn, { n, half }, "bf16", d))
+            opts.rotary_interleaved = cfg.il
+          end
+          assert(pa.attention_with_kvcache(q, kc, vc, opts))
+          if d == dev then G.expect_plan(dev, "the fp8 append", "append dtype=bf16 kv=" .. fmt .. " | pa_append ") end
+          caches[#caches + 1] = { kc:to_table(), vc:to_table() }
+        end
+        local at = first_diff(caches[1][1], caches[2][1])
+        assert(not at, string.format("k_cache element %s: %s on %s, %s on the CPU", tostring(at),
+          tostring(at and caches[1][1][at]), dev.name, tostring(at and caches[2][1][at])))
+        assert.is_nil(first_diff(caches[1][2], caches[2][2]), "v_cache")
+      end
+    end)
+
+    it("#gpu " .. fmt .. ": decode on tensor cores (head dims 64, 128; f16, bf16; GQA 1-8; 1-8 queries)", function()
+      run_cases("gpu fp8 decode mma " .. fmt, H.scale(24), function(rng)
+        return { cache_dtype = fmt, mode = "decode", dtype = pick(rng, { "f16", "bf16" }), D = pick(rng, { 64, 128 }),
+          group = pick(rng, { 1, 4, 8 }), page_size = pick(rng, { 0, 1, 3, 16, 256 }), B = rng:int(1, 6),
+          max_keys = rng:int(1, 4) * 200, new = rng:int(1, 2) == 1 and 1 or rng:int(2, 8) }
+      end, function() G.expect_plan(dev, "decode_mma over fp8", "decode_mma [^\n]* kv=" .. fmt) end)
+    end)
+
+    -- decode_mma's block modes over fp8 caches (the tuning forces each, as
+    -- gpu_difftest_spec does for 16-bit caches): persistent blocks of four
+    -- and of eight warps, one block a unit, a warp a head tile (8 and 16 keys
+    -- a warp, one block a unit or persistent), claiming splits
+    local modes = {
+      { "persistent, four warps", { decode_max_blocks = 5, decode_persist_min_keys = 0, decode_wide = 0 },
+        "persist=1 minb=%d+ hw=0 nw=4" },
+      { "persistent, eight warps", { decode_max_blocks = 5, decode_persist_min_keys = 0, decode_wide = 2 }, "persist=1" },
+      { "one block a unit", { decode_persist = 0 }, "persist=0" },
+      { "a warp a head tile, 8 keys", { decode_persist_min_keys = 100000, split_chunk = 100000, decode_hw = 2,
+        decode_short_kpw = 8, decode_hw_persist = 0 }, "kpw=8 persist=0 minb=%d+ hw=1" },
+      { "a warp a head tile, 16 keys, persistent", { decode_persist_min_keys = 100000, split_chunk = 100000,
+        decode_hw = 2, decode_short_kpw = 16, decode_hw_persist = 2, decode_max_blocks = 3 },
+        "kpw=16 persist=1 minb=%d+ hw=1" },
+      { "claiming splits", { decode_persist = 0, split_chunk = 1024, decode_claim_min = 0 }, " | [^\n]*claims=1" },
+    }
+    for _, m in ipairs(modes) do
+      it("#gpu " .. fmt .. ": decode_mma, " .. m[1], function()
+        G.with_tuning(dev, m[2], function()
+          run_cases("gpu fp8 mode " .. m[1] .. fmt, H.scale(12), function(rng)
+            local hw = m[1]:find("head tile") ~= nil
+            local group = pick(rng, hw and { 1, 2, 4 } or { 1, 4, 8 })
+            local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "decode", "read" }),
+              dtype = pick(rng, { "f16", "bf16" }), D = pick(rng, { 64, 128 }), group = group,
+              page_size = pick(rng, { 0, 1, 3, 16, 32, 256 }), B = rng:int(1, 9), max_keys = rng:int(2, 8) * 150,
+              k_scale = pick(rng, { 0.5, "head" }), num_splits = 0 }
+            if hw then
+              w.Hk, w.sq, w.new, w.rotary = pick(rng, { 4, 8 }), 1, 1, group > 4 and false or nil
+            end
+            if m[1] == "claiming splits" then
+              w.page_size, w.cached, w.window = pick(rng, { 1, 3, 16, 32, 256 }), { rng:int(1100, 3000) }, { -1, -1 }
+              w.B = 1
+            end
+            return w
+          end, function(case)
+            local want = m[3]
+            if m[1] == "persistent, eight warps" and G.cc_major(dev) < 9 then want = "" end -- (an A100 takes four)
+            G.expect_plan(dev, m[1], "decode_mma [^\n]*" .. (want ~= "" and (want:sub(1, 3) == " | " and "kv=" .. fmt .. want
+              or want .. "[^\n]* kv=" .. fmt) or "kv=" .. fmt))
+          end)
+        end)
+      end)
+    end
+
+    it("#gpu " .. fmt .. ": decode on CUDA cores and the fallback (f32 q, head dims 256, 96, 40, 37)", function()
+      run_cases("gpu fp8 decode other " .. fmt, H.scale(16), function(rng)
+        return { cache_dtype = fmt, mode = "decode", dtype = pick(rng, { "f32", "bf16", "f16" }),
+          D = pick(rng, { 256, 96, 40, 37 }), group = pick(rng, { 1, 4 }), page_size = pick(rng, { 0, 5, 16 }) }
+      end)
+    end)
+
+    it("#gpu " .. fmt .. ": prefill and chunked prefill (tensor cores at head dims 64-256; the fallback)", function()
+      run_cases("gpu fp8 prefill " .. fmt, H.scale(16), function(rng)
+        return { cache_dtype = fmt, mode = pick(rng, { "prefill", "chunked" }), dtype = pick(rng, { "f16", "bf16" }),
+          D = pick(rng, { 64, 128, 256, 80, 40 }), B = rng:int(1, 3), causal = rng:int(1, 3) > 1 }
+      end, function(case)
+        -- (never the Hopper kernels, which read 16-bit caches)
+        G.expect_plan(dev, "no prefill_ws / wgmma over fp8", "prefill_w", true)
+        if case.D % 16 == 0 and case.new[1] > 8 then G.expect_plan(dev, "prefill over fp8", "prefill [^\n]* kv=" .. fmt) end
+      end)
+    end)
+
+    it("#gpu " .. fmt .. ": reading with duplicate pages, varlen mixes, every masking option, splits", function()
+      run_cases("gpu fp8 mixed " .. fmt, H.scale(24), function(rng, i)
+        local w = { cache_dtype = fmt, dtype = pick(rng, { "f16", "bf16" }) }
+        if i % 3 == 0 then
+          w.mode, w.duplicates, w.page_size = "read", true, pick(rng, { 1, 3, 16 })
+        elseif i % 3 == 1 then
+          w.form, w.B = "varlen", 4
+        else
+          w.num_splits = rng:int(2, 5)
+        end
+        return w
+      end)
+    end)
+
+    it("#gpu " .. fmt .. ": values past the largest finite one, subnormals, a scale per kv head", function()
+      run_cases("gpu fp8 ranges " .. fmt, H.scale(18), function(rng, i)
+        return { cache_dtype = fmt, dtype = pick(rng, { "f16", "bf16" }), Hk = 2,
+          fp8_range = ({ "saturate", "subnormal", "normal" })[i % 3 + 1], k_scale = "head",
+          v_scale = rng:int(1, 2) == 1 and "head" or 0.5, mode = pick(rng, { "decode", "chunked", "read" }) }
+      end)
+    end)
+  end
+end)
