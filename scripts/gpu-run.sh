@@ -4,7 +4,7 @@
 # summary last. STEP: specs, memcheck, prefill-memcheck, bench, cascade-bench
 # (default: all five).
 #   specs             the #gpu specs, ten busted processes side by side
-#   memcheck          spec/gpu_memcheck_spec.lua and spec/gpu_cascade_spec.lua under compute-sanitizer
+#   memcheck          spec/gpu_memcheck_spec.lua, gpu_cascade_spec.lua and gpu_fp8_spec.lua under compute-sanitizer
 #                     (GPU_RUN_MEMCHECK_PREFILL=1: with the prefill issue case too)
 #   prefill-memcheck  the issue case of spec/gpu_prefill_spec.lua (tag memcheck)
 #                     under compute-sanitizer (GPU_RUN_PREFILL_MEMCHECK_ALL=1:
@@ -53,7 +53,8 @@ for step in $steps; do
       "--filter=persistent spec/gpu_difftest_spec.lua" "--filter=short.units,.a. spec/gpu_difftest_spec.lua"
       "spec/gpu_prefill_spec.lua"
       "spec/gpu_backend_spec.lua spec/gpu_large_spec.lua spec/gpu_memcheck_spec.lua"
-      "spec/batch_spec.lua spec/pool_spec.lua spec/mirror_spec.lua" "spec/gpu_cascade_spec.lua")
+      "spec/batch_spec.lua spec/pool_spec.lua spec/mirror_spec.lua" "spec/gpu_cascade_spec.lua"
+      "spec/gpu_fp8_spec.lua")
     for i in "${!groups[@]}"; do
       # shellcheck disable=SC2086 # a group: words
       timeout "${GPU_RUN_TIMEOUT_SPECS:-300}" luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu ${groups[$i]} \
@@ -75,7 +76,7 @@ for step in $steps; do
     [ "${GPU_RUN_MEMCHECK_PREFILL:-0}" = 1 ] && extra=(--tags=memcheck spec/gpu_prefill_spec.lua)
     timeout "${GPU_RUN_TIMEOUT_MEMCHECK:-150}" compute-sanitizer --tool memcheck --error-exitcode 99 \
       --print-limit 30 luajit "$busted_bin" --lua=luajit -o plainTerminal \
-      spec/gpu_memcheck_spec.lua spec/gpu_cascade_spec.lua ${extra[@]+"${extra[@]}"} >"$out/memcheck.log" 2>&1
+      spec/gpu_memcheck_spec.lua spec/gpu_cascade_spec.lua spec/gpu_fp8_spec.lua ${extra[@]+"${extra[@]}"} >"$out/memcheck.log" 2>&1
     summary+=("memcheck (rc $?): $(grep -E '^[0-9]+ success' "$out/memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)")
     ;;
   prefill-memcheck)
