@@ -132,11 +132,20 @@ describe("#gpu fp8 caches on CUDA", function()
     }
     for _, m in ipairs(modes) do
       it("#gpu " .. fmt .. ": decode_mma, " .. m[1], function()
+        -- Every case is checked against the reference; the cases that plan
+        -- decode_mma over the fp8 cache (a read of 9 queries is a prefill,
+        -- and a small one may not go persistent) must take the forced mode
+        -- often enough that this test exercises it.
+        local want = m[3]
+        if m[1] == "persistent, eight warps" and G.cc_major(dev) < 9 then want = "" end -- (an A100 takes four)
+        local pattern = "decode_mma [^\n]*" .. (want ~= "" and (want:sub(1, 3) == " | " and "kv=" .. fmt .. want
+          or want .. "[^\n]* kv=" .. fmt) or "kv=" .. fmt)
+        local n, decodes, hits = H.scale(12), 0, 0
         G.with_tuning(dev, m[2], function()
-          run_cases("gpu fp8 mode " .. m[1] .. fmt, H.scale(12), function(rng)
+          run_cases("gpu fp8 mode " .. m[1] .. fmt, n, function(rng)
             local hw = m[1]:find("head tile") ~= nil
             local group = pick(rng, hw and { 1, 2, 4 } or { 1, 4, 8 })
-            local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "decode", "read" }),
+            local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "decode", "decode", "read" }),
               dtype = pick(rng, { "f16", "bf16" }), D = pick(rng, { 64, 128 }), group = group,
               page_size = pick(rng, { 0, 1, 3, 16, 32, 256 }), B = rng:int(1, 9), max_keys = rng:int(2, 8) * 150,
               k_scale = pick(rng, { 0.5, "head" }), num_splits = 0 }
@@ -148,13 +157,22 @@ describe("#gpu fp8 caches on CUDA", function()
               w.B = 1
             end
             return w
-          end, function(case)
-            local want = m[3]
-            if m[1] == "persistent, eight warps" and G.cc_major(dev) < 9 then want = "" end -- (an A100 takes four)
-            G.expect_plan(dev, m[1], "decode_mma [^\n]*" .. (want ~= "" and (want:sub(1, 3) == " | " and "kv=" .. fmt .. want
-              or want .. "[^\n]* kv=" .. fmt) or "kv=" .. fmt))
+          end, function()
+            if dev.kind ~= "cuda" then return end
+            local plan = assert(dev:last_plan())
+            if m[1] == "one block a unit" then G.expect_plan(dev, m[1], "persistent=1", true) end
+            if want == "persist=1" then G.expect_plan(dev, m[1], "persist=1 minb=%d+ hw=0 nw=4", true) end
+            if plan:find("decode_mma [^\n]* kv=" .. fmt) then
+              decodes = decodes + 1
+              if plan:find(pattern) then hits = hits + 1 end
+            end
           end)
         end)
+        if dev.kind == "cuda" then
+          assert(hits >= math.max(1, math.floor(n / 4)), string.format(
+            "%s: %d of %d cases planned '%s' (%d decode_mma over %s): the forced mode barely ran",
+            m[1], hits, n, pattern, decodes, fmt))
+        end
       end)
     end
 
