@@ -5,7 +5,8 @@
 -- Each case starts from a random *valid* call (pagedattn.check builds it:
 -- shapes, dtypes, page sizes 1/3/5/16 or contiguous caches, block tables with
 -- duplicates, empty and single-token sequences, k/v append, rotary, causal,
--- windows, softcap, alibi, lse, num_splits) and usually applies one to three
+-- windows, softcap, alibi, lse, num_splits; a quarter of them over fp8
+-- caches with scales per tensor or per kv head) and usually applies one to three
 -- mutations from MUTATIONS below. A mutation says what the call must do:
 --   fail  the call must be refused: a Lua error "pagedattn.<fn>: <arg>: ..."
 --         naming a known argument (raised at the caller's line), or nil, err;
@@ -66,7 +67,7 @@ local int_keys = { block_table = true, cache_batch_idx = true, cu_seqlens_q = tr
 
 local function opt_dtype(key, dt)
   if int_keys[key] then return "i32" end
-  if key == "alibi_slopes" then return "f32" end
+  if key == "alibi_slopes" or key == "k_scale" or key == "v_scale" then return "f32" end
   return dt
 end
 
@@ -81,7 +82,8 @@ local function materialise(c, inputs, dev)
   end
   o.return_softmax_lse = c.lse or nil
   o.num_splits = c.num_splits > 0 and c.num_splits or nil
-  return to_dev(inputs.q, c.dtype), to_dev(inputs.k_cache, c.dtype), to_dev(inputs.v_cache, c.dtype), o
+  local cdt = c.cache_dtype or c.dtype
+  return to_dev(inputs.q, c.dtype), to_dev(inputs.k_cache, cdt), to_dev(inputs.v_cache, cdt), o
 end
 
 -- Equal as numbers, with NaN equal to NaN and 0 distinct from -0.
@@ -144,7 +146,7 @@ for _, n in ipairs({ "q", "k_cache", "v_cache", "opts", "out", "softmax_lse", "k
   "rotary_sin", "rotary_interleaved", "cache_batch_idx", "block_table", "softmax_scale", "causal",
   "window_size", "softcap", "alibi_slopes", "num_splits", "return_softmax_lse", "cache_seqlens",
   "cu_seqlens_q", "seqused_k", "max_seqlen_q", "layer", "batch", "cache", "kv_indptr", "kv_indices",
-  "kv_last_page_len" }) do
+  "kv_last_page_len", "k_scale", "v_scale" }) do
   ARG_NAMES[n] = true
 end
 
@@ -178,15 +180,27 @@ end
 
 local function compare_with_reference(ctx, out, lse)
   local c, inputs = ctx.c, ctx.inputs
-  local function ref_run(precision)
-    local o = { precision = precision, cache_dtype = c.dtype }
+  local cdt = c.cache_dtype or c.dtype
+  local function ref_run(precision, given_k, given_v)
+    local o = { precision = precision, cache_dtype = cdt, write_cache = given_k == nil }
     for k, v in pairs(inputs.opts) do o[k] = v end
-    local kc, vc = ref.copy(inputs.k_cache), ref.copy(inputs.v_cache)
+    local kc, vc = ref.copy(given_k or inputs.k_cache), ref.copy(given_v or inputs.v_cache)
     local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
-    return rfn(inputs.q, kc, vc, o)
+    local ro, rl = rfn(inputs.q, kc, vc, o)
+    return ro, rl, kc, vc
   end
-  local eo, el = ref_run("f64")
+  local eo, el, ek, ev = ref_run("f64")
   local no, nl = ref_run(c.dtype)
+  -- an fp8 append: within one fp8 step of the reference's, and attention
+  -- judged on the caches the device holds (as check.run does)
+  if cdt ~= c.dtype and inputs.opts.k and is_tensor(ctx.kc) and is_tensor(ctx.vc) then
+    local gk, gv = ctx.kc:to_table(), ctx.vc:to_table()
+    local excess = math.max(check.excess_over_step(gk, ek.data, cdt), check.excess_over_step(gv, ev.data, cdt))
+    if excess > 0 then return string.format("the fp8 append differs by %.3g beyond one fp8 step", excess) end
+    local dk, dv = ref.tensor(inputs.k_cache.shape, gk), ref.tensor(inputs.v_cache.shape, gv)
+    eo, el = ref_run("f64", dk, dv)
+    no, nl = ref_run(c.dtype, dk, dv)
+  end
   local err = ref.max_abs_diff(out:to_table(), eo.data)
   local tol = ref.tolerance(c.dtype, ref.max_abs_diff(no.data, eo.data))
   if not (err <= tol) then
@@ -308,7 +322,9 @@ local MUTATIONS = {
     x.q = tensor(x, s)
   end },
   { name = "q_dtype", kind = "fail", apply = function(x)
-    x.q = tensor(x, x.inputs.q.shape, other(x.rng, { "f32", "f16", "bf16", "i32" }, x.dt))
+    -- (fp8 caches take any float q: only i32 is wrong there)
+    local fp8 = x.c.cache_dtype and x.c.cache_dtype ~= x.dt
+    x.q = tensor(x, x.inputs.q.shape, fp8 and "i32" or other(x.rng, { "f32", "f16", "bf16", "i32" }, x.dt))
   end },
   { name = "q_heads_not_multiple", kind = "fail", apply = function(x)
     if x.f.Hk == 1 then return false end
@@ -347,7 +363,8 @@ local MUTATIONS = {
     -- one cache only, so the two differ whatever else changed
     local which = chance(x.rng, 0.5) and "kc" or "vc"
     local keep = which == "kc" and x.vc or x.kc
-    local dt = other(x.rng, { "f32", "f16", "bf16", "i32" }, is_tensor(keep) and keep.dtype or x.dt)
+    local dt = other(x.rng, { "f32", "f16", "bf16", "i32", "fp8_e4m3", "fp8_e5m2" },
+      is_tensor(keep) and keep.dtype or x.dt)
     x[which] = tensor(x, x.inputs.k_cache.shape, dt)
   end },
   { name = "cache_shape", kind = "fail", apply = function(x)
@@ -756,8 +773,39 @@ local MUTATIONS = {
     x.inputs.opts.block_table = ref.tensor({ x.f.B, w }, vals)
     x.f.width, x.f.capacity = w, w * x.f.ps
   end },
+  { name = "scale_as_list", kind = "same", apply = function(x)
+    -- a scale per kv head as a Lua list instead of an f32 tensor
+    local sc = x.inputs.opts.k_scale
+    if type(sc) ~= "table" then return false end
+    x.opts.k_scale = copy_list(sc.data)
+  end },
   { name = "out_given", kind = "same", apply = function(x)
     x.opts.out = tensor(x, x.inputs.q.shape):fill(0 / 0)
+  end },
+
+  -- fp8 caches' scales
+  { name = "scale_bad", kind = "fail", apply = function(x)
+    if not x.c.cache_dtype or x.c.cache_dtype == x.dt then return false end
+    local name = pick(x.rng, { "k_scale", "v_scale" })
+    x.opts[name] = pick(x.rng, { 0, -0.5, 0 / 0, 1 / 0, -1 / 0, 1e39, "2", true })
+  end },
+  { name = "scale_per_head_shape", kind = "fail", apply = function(x)
+    if not x.c.cache_dtype or x.c.cache_dtype == x.dt then return false end
+    local name = pick(x.rng, { "k_scale", "v_scale" })
+    local Hk = x.f.Hk
+    local vals = {}
+    for h = 1, Hk + 1 do vals[h] = 0.5 end
+    x.opts[name] = pick(x.rng, {
+      assert(pa.from_table(vals, { Hk + 1 }, "f32", x.dev)),           -- one too many
+      assert(pa.from_table({ 0.5 }, { 1, 1 }, "f32", x.dev)),          -- rank 2
+      assert(pa.tensor({ Hk }, "f16", x.dev)),                         -- not f32
+      vals,                                                            -- a list of Hk + 1
+      { 0.5, -1, 2, 2, 2, 2 },                                         -- a bad element (or the wrong length)
+    })
+  end },
+  { name = "scale_without_fp8", kind = "fail", apply = function(x)
+    if x.c.cache_dtype and x.c.cache_dtype ~= x.dt then return false end
+    x.opts[pick(x.rng, { "k_scale", "v_scale" })] = pick(x.rng, { 0.5, 2 })
   end },
 
   -- kind "pass": legal calls outside what check builds
@@ -814,7 +862,9 @@ local MUTATIONS = {
     x.values_void = true -- (v_near_max's promise no longer holds)
   end },
   { name = "v_near_max", kind = "pass", apply = function(x)
-    -- out is a convex combination of v rows: finite while v is (issue 46, 9)
+    -- out is a convex combination of v rows: finite while v is (issue 46, 9);
+    -- (an fp8 cache's values are cache x v_scale: past any bound written here)
+    if x.c.cache_dtype and x.c.cache_dtype ~= x.dt then return false end
     local big = DTYPE_MAX[x.dt] * pick(x.rng, { 0.5, 0.9 })
     local function scaled(t)
       local vals = t:to_table()
@@ -921,7 +971,14 @@ local function small_case(rng)
     page_size = pick(rng, { 0, 1, 3, 16, 5 }),
   }
   if mode == "prefill" or mode == "chunked" then want.new = rng:int(1, math.min(16, want.max_keys - 1)) end
-  return check.random_case(rng, want)
+  local fp8 = chance(rng, 0.25) and pick(rng, { "fp8_e4m3", "fp8_e5m2" }) or nil
+  local c = check.random_case(rng, want)
+  if fp8 then -- (drawn after the case, so the 16-bit cases are the ones drawn before)
+    c.cache_dtype, c.fp8_range = fp8, pick(rng, { "normal", "normal", "saturate", "subnormal" })
+    c.k_scale = chance(rng, 0.3) and "head" or pick(rng, { 1, 0.5, 3.7 })
+    c.v_scale = chance(rng, 0.3) and "head" or pick(rng, { 1, 0.25, 2 })
+  end
+  return c
 end
 
 -- How the call turned out: "ok", "refused" (raised) or "runtime" (nil, err).
