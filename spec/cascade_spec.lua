@@ -60,6 +60,45 @@ describe("shared prefixes (batch{cascade = true})", function()
     c:close()
   end)
 
+  it("keeps only the groups that save cascade_min_saved page reads or more (cascade_min_saved)", function()
+    local c = assert(pa.kv_cache { num_pages = 512, page_size = 4, layers = 0 })
+    local sys, conv = c:sequence(), c:sequence()
+    assert(sys:append(32))  -- 8 whole pages, forked 4 times: saves 3 x 8 = 24 reads
+    assert(conv:append(80)) -- 20 whole pages, forked twice: saves 20
+    local a, d = {}, {}
+    for i = 1, 4 do a[i] = sys:fork() end
+    for i = 1, 2 do d[i] = conv:fork() end
+    local function stage(min)
+      local b = c:batch { cascade = true, device = "cpu", cascade_min_saved = min }
+      for i = 1, 4 do b:add(a[i], 1) end
+      b:add(d[1], 1):add(d[2], 1)
+      assert(b:stage())
+      local ci = b:cascade_info()
+      local row_of = ints(b.prefix_row_of)
+      b:close()
+      return ci.groups, ci.saved_pages, row_of
+    end
+    local function groups_saved(min)
+      local g, saved = stage(min)
+      return { g, saved }
+    end
+    assert.same({ 2, 44 }, groups_saved(nil))
+    assert.same({ 2, 44 }, groups_saved(20))
+    local g, saved, row_of = stage(21) -- only the system prompt's group
+    assert.same({ 1, 24, { 0, 1, 2, 3, -1, -1 } }, { g, saved, row_of })
+    assert.same({ 0, 0 }, groups_saved(25))
+    -- named errors, before anything is made
+    local F = "pagedattn.batch: cascade_min_saved: "
+    assert.matches(F .. "applies to cascade = true batches", H.error_of(function() c:batch { cascade_min_saved = 1 } end),
+      1, true)
+    for _, bad in ipairs({ -1, 1.5, "2", 2 ^ 60 }) do
+      assert.matches(F .. "expected a whole number", H.error_of(function()
+        c:batch { cascade = true, cascade_min_saved = bad }
+      end), 1, true)
+    end
+    c:close()
+  end)
+
   it("shares only whole pages from before the step, and needs two entries with new tokens", function()
     local c = assert(pa.kv_cache { num_pages = 256, page_size = 4, layers = 0 })
     local b = c:batch { cascade = true, device = "cpu" }

@@ -511,6 +511,13 @@ typedef struct pa_batch_cascade_info {
 pa_status pa_batch_stage_groups(pa_context *ctx, pa_batch *batch, int32_t n, const int32_t *seqs,
                                 const int32_t *num_new, const int32_t *groups, pa_batch_info *info);
 void pa_batch_get_cascade(const pa_batch *batch, pa_batch_cascade_info *out);
+/* Automatic groups only where a group saves at least `pages` page reads a
+ * call ((entries - 1) x shared pages; default 0: every group that saves
+ * any), from the next stage on; given groups stay as given. A shared level
+ * costs launches of its own (on an H100 a short system prompt that the L2
+ * serves to the plain call made steps slower): the threshold is where a
+ * study finds it pays. Only for PA_BATCH_CASCADE batches; pages >= 0. */
+pa_status pa_batch_set_cascade_min_saved(pa_context *ctx, pa_batch *batch, int64_t pages);
 /* One attention over the last stage: p as for attention_varlen (q
  * [total_q, H, D]) or attention_with_kvcache (q [B, Sq, H, D]; with k
  * [B, S_new, Hk, D] every entry must have staged S_new new tokens), without

@@ -61,13 +61,14 @@ local FALLBACK = { [0] = "used", "off", "no groups", "alibi", "window", "rows" }
 -- (kv_indptr, kv_indices, kv_last_page_len stay empty): half the bytes per
 -- step. cascade = true stages a two-level plan for prefixes that entries
 -- share (found from their pages, or the groups given to add()), and
--- b:attention reads each shared prefix once.
+-- b:attention reads each shared prefix once; cascade_min_saved = N keeps
+-- only the automatic groups that save at least N page reads a call.
 function Cache:batch(opts)
   local F = "batch"
   opts = opts or {}
   if type(opts) ~= "table" then error("pagedattn.batch: opts: expected a table, got " .. type(opts), 2) end
   for k in pairs(opts) do
-    if k ~= "capacity" and k ~= "device" and k ~= "csr" and k ~= "cascade" then
+    if k ~= "capacity" and k ~= "device" and k ~= "csr" and k ~= "cascade" and k ~= "cascade_min_saved" then
       error("pagedattn.batch: " .. tostring(k) .. ": unknown option", 2)
     end
   end
@@ -76,6 +77,16 @@ function Cache:batch(opts)
   end
   if opts.cascade ~= nil and type(opts.cascade) ~= "boolean" then
     error("pagedattn.batch: cascade: expected a boolean, got " .. type(opts.cascade), 2)
+  end
+  local min_saved = opts.cascade_min_saved
+  if min_saved ~= nil then
+    if not opts.cascade then
+      error("pagedattn.batch: cascade_min_saved: applies to cascade = true batches", 2)
+    end
+    if type(min_saved) ~= "number" or min_saved < 0 or min_saved ~= floor(min_saved) or min_saved >= 2 ^ 53 then
+      error("pagedattn.batch: cascade_min_saved: expected a whole number of page reads >= 0, got " ..
+        tostring(min_saved), 2)
+    end
   end
   local cap = opts.capacity or 64
   if type(cap) ~= "number" or cap < 1 or cap ~= floor(cap) then
@@ -92,6 +103,14 @@ function Cache:batch(opts)
   local flags = (opts.csr == false and C.PA_BATCH_NO_CSR or 0) + (opts.cascade and C.PA_BATCH_CASCADE or 0)
   local ok, err = check(C.pa_batch_create(ctx, h, dev.handle, flags, batch_box), F)
   if not ok then return nil, err end
+  if min_saved and min_saved > 0 then
+    local created = batch_box[0]
+    ok, err = check(C.pa_batch_set_cascade_min_saved(ctx, created, min_saved), F)
+    if not ok then
+      C.pa_batch_destroy(created)
+      return nil, err
+    end
+  end
   local b = setmetatable({
     cache = self,
     handle = ffi.gc(batch_box[0], C.pa_batch_destroy),

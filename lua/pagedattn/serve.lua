@@ -32,7 +32,7 @@ local OPTIONS = {
   attention_heads = true, page_size = true, pages = true, budget = true, max_batch = true,
   prefix_cache = true, share_system = true, check = true, seed = true, slo_ttft_ms = true,
   slo_tpot_ms = true, ceilings = true, progress = true, dtype = true, kv_dtype = true,
-  k_scale = true, v_scale = true, cascade = true,
+  k_scale = true, v_scale = true, cascade = true, cascade_min_saved = true,
 }
 
 local function argerr(name, msg) error("serve.run: " .. name .. ": " .. msg, 3) end
@@ -127,7 +127,8 @@ end
 --   share_system, check, seed, slo_ttft_ms, slo_tpot_ms, ceilings, progress, dtype,
 --   kv_dtype (the cache's: dtype, fp8_e4m3 or fp8_e5m2), k_scale, v_scale (fp8),
 --   cascade (shared prefixes read once: batch{cascade = true}; each step whose
---   batch shares pages also times the plain call, for the report).
+--   batch shares pages also times the plain call, for the report),
+--   cascade_min_saved (batch{cascade_min_saved =}: only groups that save that many page reads).
 -- result: records (one per request, metrics.REQUEST_COLUMNS), summary
 -- (metrics.summary plus the run's settings), report (what the command line prints).
 function M.run(o)
@@ -170,6 +171,13 @@ function M.run(o)
   local prefix_cache = o.prefix_cache == true
   if o.cascade ~= nil and type(o.cascade) ~= "boolean" then argerr("cascade", "expected a boolean, got " .. type(o.cascade)) end
   local cascade = o.cascade == true
+  if o.cascade_min_saved ~= nil then
+    local m = o.cascade_min_saved
+    if not cascade then argerr("cascade_min_saved", "applies with cascade = true") end
+    if type(m) ~= "number" or m < 0 or m ~= math.floor(m) or m >= 2 ^ 53 then
+      argerr("cascade_min_saved", "expected a whole number of page reads >= 0, got " .. tostring(m))
+    end
+  end
   local slo_ttft, slo_tpot = o.slo_ttft_ms, o.slo_tpot_ms
   if slo_ttft ~= nil then positive(o, "slo_ttft_ms") end
   if slo_tpot ~= nil then positive(o, "slo_tpot_ms") end
@@ -216,7 +224,8 @@ function M.run(o)
     cache = assert(pa.kv_cache{ num_pages = pages, page_size = page_size, layers = 0 })
   end
   if prefix_cache then cache:enable_prefix_cache(true) end
-  local batch = assert(cache:batch({ capacity = max_batch, device = dev, cascade = cascade }))
+  local batch = assert(cache:batch({ capacity = max_batch, device = dev, cascade = cascade,
+    cascade_min_saved = cascade and o.cascade_min_saved or nil }))
   local check = o.check == true and layers > 0
   local cos, sin, half
   if layers > 0 then cos, sin, half = rope(pa, dev, max_len + 1, D, dtype) end
@@ -451,7 +460,7 @@ function M.run(o)
     kernel_setup_s = setup_s, -- compiles and module loads inside timed calls, left out of their times
     host_share = model_s > 0 and host_s / model_s or 0,
     prefill_tokens = e.stats.prefill, decode_tokens = e.stats.decode, recomputed_tokens = e.stats.recomputed,
-    cascade = cascade,
+    cascade = cascade, cascade_min_saved = cascade and (o.cascade_min_saved or 0) or nil,
   }
   if cascade then
     -- per step of the run; the plain call measured on the same steps

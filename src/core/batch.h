@@ -72,6 +72,7 @@ struct pa_batch {
     bool csr;         /* write the CSR arrays */
 
     bool cascade;                     /* PA_BATCH_CASCADE */
+    int64_t cascade_min_saved;        /* pa_batch_set_cascade_min_saved */
     pa_cascade_plan plan;             /* of the stage in progress */
     pa_batch_cascade_info cascade_info; /* of the last successful stage, and the last call */
     pa_batch_info info;               /* the last successful stage's shapes */

@@ -227,6 +227,7 @@ static int32_t plan_auto(pa_batch *b, int32_t n) {
         if (cp->leaf_node[i] < 0) continue;
         pa_cascade_node *g = &nodes[nodes[cp->leaf_node[i]].gnode];
         if (g->depth < 1 || g->joined < 2) continue;
+        if ((int64_t)(g->joined - 1) * g->depth < b->cascade_min_saved) continue; /* (its members run plain) */
         if (g->internal < 0) {
             g->internal = groups;
             cp->group_lead[groups] = i;
@@ -319,6 +320,14 @@ pa_status pa_cascade_plan_stage(pa_context *ctx, pa_batch *b, int32_t n, const i
     }
     for (int32_t g = 0; g < groups; g++) ci->saved_pages -= cp->group_pages[g]; /* one read each */
     ci->shared_q = (int32_t)shared_q; /* <= total_q, checked by the stage */
+    return PA_OK;
+}
+
+pa_status pa_batch_set_cascade_min_saved(pa_context *ctx, pa_batch *b, int64_t pages) {
+    if (!b) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: NULL");
+    if (!b->cascade) return pa_fail(ctx, PA_ERR_ARGUMENT, "batch: made without PA_BATCH_CASCADE");
+    if (pages < 0) return pa_fail(ctx, PA_ERR_ARGUMENT, "pages: %lld is negative", (long long)pages);
+    b->cascade_min_saved = pages;
     return PA_OK;
 }
 

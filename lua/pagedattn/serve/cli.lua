@@ -45,6 +45,7 @@ engine
   --cascade                  read shared prefixes once (batch{cascade = true}); each step with
                              shared pages also times the plain call, and the report says
                              the attention (and modelled) time saved
+  --cascade-min-saved N      only groups that save N page reads a step or more (default 0)
   --page-size N --pages N    the KV cache
   --budget N                 tokens per step (chunked prefill)
   --max-batch N              sequences per step
@@ -117,6 +118,7 @@ function M.parse_args(argv)
     ["--clock"] = { set, "clock", value }, ["--step-ms"] = { set, "step_ms", num },
     ["--requests-out"] = { o, "requests_out", value }, ["--summary-out"] = { o, "summary_out", value },
     ["--slo-ttft-ms"] = { set, "slo_ttft_ms", num }, ["--slo-tpot-ms"] = { set, "slo_tpot_ms", num },
+    ["--cascade-min-saved"] = { set, "cascade_min_saved", num },
   }
   local switches = {
     ["--no-share"] = { set, "share_system", false }, ["--check"] = { set, "check", true },
