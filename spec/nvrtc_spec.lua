@@ -35,11 +35,19 @@ describe("NVRTC kernel compilation", function()
   end
 
   local n = tonumber(C.pa_kernel_catalog_size())
+  -- Under the ASan/UBSan build (PAGEDATTN_BUILD=debug) one variant in 8, from
+  -- a seed-drawn offset: NVRTC's work is the same in both builds (the
+  -- sanitizers watch only the library's few lines around it), the release
+  -- pass of the same run compiles all of them, and the whole catalog twice
+  -- took 340 s of each pass on 2 cores.
+  local stride = os.getenv("PAGEDATTN_BUILD") == "debug" and 8 or 1
+  local offset = H.seed("nvrtc catalog", 1) % stride
   for _, arch in ipairs({ "sm_80", "sm_90a" }) do
-    it("compiles every kernel variant of the catalog for " .. arch, function()
+    it("compiles every kernel variant of the catalog for " .. arch ..
+      (stride > 1 and string.format(" (one in %d under the debug build)", stride) or ""), function()
       assert.is_true(n >= 10)
       local failed = {}
-      for i = 0, n - 1 do
+      for i = offset, n - 1, stride do
         local name = ffi.string(C.pa_kernel_catalog_name(i))
         local s, e = compile(name, arch, false)
         if s ~= 0 then failed[#failed + 1] = name .. ": " .. e end
@@ -58,10 +66,12 @@ describe("NVRTC kernel compilation", function()
       for _, q in ipairs({ 1, 2048 }) do
         local names = assert(tuning.variants_for({ dtype = "bf16", head_dim = 128, heads = 32, kv_heads = 8,
           page_size = page, seqlen_q = q }, nil, "sm_90a"))
-        for _, name in ipairs(names) do
+        for k, name in ipairs(names) do
           n = n + 1
-          local s, e = compile(name, "sm_90a", false)
-          if s ~= 0 then failed[#failed + 1] = name .. ": " .. e end
+          if (k - 1 - offset) % stride == 0 then -- (every one in the release pass; above)
+            local s, e = compile(name, "sm_90a", false)
+            if s ~= 0 then failed[#failed + 1] = name .. ": " .. e end
+          end
         end
       end
     end
@@ -157,6 +167,10 @@ describe("NVRTC kernel compilation", function()
   -- (one head a kv head too: the last V tile's zero fill by TMA serialised
   -- those at page boxes while every four-head variant stayed pipelined)
   it("keeps the wgmmas of the default Hopper prefill variants pipelined (sm_90a)", function()
+    if stride > 1 then
+      pending("the release pass checks the machine code (NVRTC's output does not depend on the library's build)")
+      return
+    end
     local dir = tmpdir()
     local scan = core.root .. "/scripts/lab/sass-scan.lua"
     local bad, checked = {}, 0
