@@ -21,6 +21,7 @@
 #include "../../kernels/util.cu"
 #include "../../kernels/append.cu"
 #include "../../kernels/decode.cu"
+#include "../../kernels/decode_mma_shape.cuh"
 #include "../../kernels/decode_mma.cu"
 #include "../../kernels/fallback.cu"
 #include "../../kernels/prefill_common.cuh"
@@ -55,6 +56,7 @@ EMBED(append, "append.cu")
 EMBED(decode, "decode.cu")
 EMBED(decode_mma, "decode_mma.cu")
 EMBED(fallback, "fallback.cu")
+EMBED(decode_mma_shape, "decode_mma_shape.cuh")
 EMBED(prefill_common, "prefill_common.cuh")
 EMBED(wgmma, "wgmma.cuh")
 EMBED(wgmma_ops, "wgmma_ops.cuh")
@@ -74,6 +76,7 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"append.cu", pa_ksrc_append, (size_t)(pa_ksrc_append_end - pa_ksrc_append)},
         {"decode.cu", pa_ksrc_decode, (size_t)(pa_ksrc_decode_end - pa_ksrc_decode)},
         {"decode_mma.cu", pa_ksrc_decode_mma, (size_t)(pa_ksrc_decode_mma_end - pa_ksrc_decode_mma)},
+        {"decode_mma_shape.cuh", pa_ksrc_decode_mma_shape, (size_t)(pa_ksrc_decode_mma_shape_end - pa_ksrc_decode_mma_shape)},
         {"fallback.cu", pa_ksrc_fallback, (size_t)(pa_ksrc_fallback_end - pa_ksrc_fallback)},
         {"prefill_common.cuh", pa_ksrc_prefill_common, (size_t)(pa_ksrc_prefill_common_end - pa_ksrc_prefill_common)},
         {"wgmma.cuh", pa_ksrc_wgmma, (size_t)(pa_ksrc_wgmma_end - pa_ksrc_wgmma)},
