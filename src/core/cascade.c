@@ -418,6 +418,22 @@ static pa_status plain_params(pa_context *ctx, pa_batch *b, const pa_attention_p
     return PA_OK;
 }
 
+/* rows of q [rows, H, D] copied from src to dst (the callers add a row map
+ * or a rotation) */
+static pa_rows_problem rows_problem(pa_device *dev, pa_dtype dt, int64_t H, int64_t D, int64_t rows,
+                                    const void *src, void *dst) {
+    pa_rows_problem rp;
+    memset(&rp, 0, sizeof rp);
+    rp.dev = dev;
+    rp.dtype = dt;
+    rp.heads = (int32_t)H;
+    rp.head_dim = (int32_t)D;
+    rp.rows = rows;
+    rp.src = src;
+    rp.dst = dst;
+    return rp;
+}
+
 /* an fp8 cache's scales go with it into every call that reads or writes it */
 static void copy_scales(pa_attention_params *dst, const pa_attention_params *p) {
     dst->k_scale = p->k_scale;
@@ -528,15 +544,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
         if (st) return pa_fail_prefix(ctx, st, "batch:attention (append)");
         ci->last_calls++;
         q_rot = view_of(dev, dt, base + q_rot_off, q->ndim, q->shape);
-        pa_rows_problem rp;
-        memset(&rp, 0, sizeof rp);
-        rp.dev = dev;
-        rp.dtype = dt;
-        rp.heads = (int32_t)H;
-        rp.head_dim = (int32_t)D;
-        rp.rows = T;
-        rp.src = q->data;
-        rp.dst = q_rot.data;
+        pa_rows_problem rp = rows_problem(dev, dt, H, D, T, q->data, q_rot.data);
         rp.rotary_cos = p->rotary_cos->data;
         rp.rotary_sin = p->rotary_sin->data;
         rp.rotary_dtype = p->rotary_cos->dtype;
@@ -557,15 +565,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     pa_tensor o_sh = view_of(dev, dt, base + o_sh_off, 3, sh_shape);
     pa_tensor lse_sh = view_of(dev, PA_F32, base + lse_sh_off, 2, sh_lse_shape);
     {
-        pa_rows_problem rp;
-        memset(&rp, 0, sizeof rp);
-        rp.dev = dev;
-        rp.dtype = dt;
-        rp.heads = (int32_t)H;
-        rp.head_dim = (int32_t)D;
-        rp.rows = S;
-        rp.src = q_use->data;
-        rp.dst = q_sh.data;
+        pa_rows_problem rp = rows_problem(dev, dt, H, D, S, q_use->data, q_sh.data);
         rp.row_map = field(b, PA_BATCH_PREFIX_ROWS)->data;
         st = pa_gather_rows_run(ctx, &rp);
         if (st) return pa_fail_prefix(ctx, st, "batch:attention (gathering the shared queries)");
