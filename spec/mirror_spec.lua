@@ -281,8 +281,16 @@ local function mirror_cases(dev, name)
         seqs[#seqs + 1] = rng:uniform() < 0.5 and assert(parent:fork()) or c:sequence()
       end
       bt:clear()
+      local total = 0
       for _, s in ipairs(seqs) do
-        if s:len() < 60 then bt:add(s, step == 1 and 5 or rng:int(0, 3)) else bt:add(s, 0) end
+        local n = s:len() < 60 and (step == 1 and 5 or rng:int(0, 3)) or 0
+        bt:add(s, n)
+        total = total + n
+      end
+      if total == 0 then
+        -- a step with no query rows runs nothing: the download checks below need one
+        seqs[#seqs + 1] = c:sequence()
+        bt:add(seqs[#seqs], 1)
       end
       -- one step with 300 more (empty) entries: the staging buffer grows
       local extra = {}
