@@ -13,5 +13,5 @@
 -- seconds of a model clock (measured attention x layers + a cost model of
 -- the rest of the model) or a fixed step. README.md ("The serving
 -- experiment") explains the flags, the outputs and the policy API.
-local serve = require "pagedattn.serve"
-os.exit(serve.main(arg))
+local cli = require "pagedattn.serve.cli"
+os.exit(cli.main(arg))

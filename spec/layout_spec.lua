@@ -1,7 +1,8 @@
 -- spec/layout_spec.lua -- the shape of the tree that issue 48 asked for and
 -- that a change could quietly undo: no product file (src/, lua/) over 900
--- lines, the CUDA backend's files calling each other in one direction only
--- (read from the built objects' symbols), and the environment read for
+-- lines, the library's C files calling each other in one direction only
+-- (read from the built objects' symbols) and its Lua modules requiring each
+-- other in one direction, and the environment read for
 -- deployment only (the PAGEDATTN_ variables that src/ and lua/ name).
 local H = require "helpers"
 local root, sh = H.root, H.sh
@@ -29,18 +30,37 @@ describe("the layout of the library", function()
     assert(#over == 0, "over 900 lines:\n" .. table.concat(over, "\n"))
   end)
 
-  it("the CUDA backend's files call each other in one direction (no circle)", function()
+  -- A depth-first walk over edges[from][to] = why: a file met again on its
+  -- own path closes a circle.
+  local function no_circle(edges)
+    local state, path = {}, {}
+    local function walk(f)
+      state[f] = "open"
+      path[#path + 1] = f
+      for to, why in pairs(edges[f] or {}) do
+        if state[to] == "open" then
+          error("a circle: " .. table.concat(path, " -> ") .. " -> " .. to .. " (" .. why .. ")", 0)
+        end
+        if not state[to] then walk(to) end
+      end
+      path[#path] = nil
+      state[f] = "done"
+    end
+    for f in pairs(edges) do
+      if not state[f] then walk(f) end
+    end
+  end
+
+  it("the library's files call each other in one direction (no circle; the planner needs no driver)", function()
     local defs, uses = {}, {}
     for _, o in ipairs(objects()) do
       local name = o:match("([^/]+)%.o$")
-      if name:match("^cuda_") or name == "kernel_sources" then
-        local rc, out = sh("nm '" .. o .. "'")
-        assert.equal(0, rc, out)
-        uses[name] = {}
-        for kind, sym in out:gmatch("%s(%u)%s+([%w_]+)\n") do
-          if kind == "U" then uses[name][sym] = true
-          elseif kind:match("[TDBR]") then defs[sym] = name end
-        end
+      local rc, out = sh("nm '" .. o .. "'")
+      assert.equal(0, rc, out)
+      uses[name] = {}
+      for kind, sym in out:gmatch("%s(%u)%s+([%w_]+)\n") do
+        if kind == "U" then uses[name][sym] = true
+        elseif kind:match("[TDBR]") then defs[sym] = name end
       end
     end
     local edges = {}
@@ -51,24 +71,9 @@ describe("the layout of the library", function()
         if to and to ~= from then edges[from][to] = sym end
       end
     end
-    assert.is_true(next(edges.cuda_attention) ~= nil) -- (the symbols were read)
-    -- a depth-first walk: a file met again on its own path closes a circle
-    local state, path = {}, {}
-    local function walk(f)
-      state[f] = "open"
-      path[#path + 1] = f
-      for to, sym in pairs(edges[f] or {}) do
-        if state[to] == "open" then
-          error("a circle of calls: " .. table.concat(path, " -> ") .. " -> " .. to .. " (" .. sym .. ")", 0)
-        end
-        if not state[to] then walk(to) end
-      end
-      path[#path] = nil
-      state[f] = "done"
-    end
-    for f in pairs(edges) do
-      if not state[f] then walk(f) end
-    end
+    -- (the symbols were read)
+    assert.is_true(next(edges.cuda_attention) ~= nil and next(edges.pool) ~= nil)
+    no_circle(edges)
     -- and the planner needs no driver: cuda_choice, cuda_planner, cuda_worklist,
     -- cuda_variants and cuda_tuning call nothing of the loader, modules or device
     for _, f in ipairs({ "cuda_choice", "cuda_planner", "cuda_worklist", "cuda_variants", "cuda_tuning" }) do
@@ -77,6 +82,28 @@ describe("the layout of the library", function()
           to == "cuda_variants" or to == "cuda_tuning", f .. " calls " .. to .. " (" .. sym .. ")")
       end
     end
+  end)
+
+  it("the Lua modules require each other in one direction (no circle, lazy requires included)", function()
+    local rc, out = sh("cd '" .. root .. "/lua' && find pagedattn -name '*.lua'")
+    assert.equal(0, rc, out)
+    local files = {}
+    for f in out:gmatch("[^\n]+") do
+      files[(f:gsub("%.lua$", ""):gsub("/init$", ""):gsub("/", "."))] = f
+    end
+    assert.is_truthy(files["pagedattn.serve.cli"])
+    local edges = {}
+    for m, f in pairs(files) do
+      local fh = assert(io.open(root .. "/lua/" .. f))
+      local src = fh:read("*a")
+      fh:close()
+      edges[m] = {}
+      for to in src:gmatch("require%s*%(?%s*[\"']([%w_.]+)[\"']") do
+        if files[to] and to ~= m then edges[m][to] = "require" end
+      end
+    end
+    assert.is_true(next(edges["pagedattn.serve.cli"]) ~= nil) -- (the requires were read)
+    no_circle(edges)
   end)
 
   it("reads the environment for deployment only: the PAGEDATTN_ variables of src/ and lua/", function()

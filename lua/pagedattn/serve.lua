@@ -11,7 +11,7 @@
 --   print(res.summary.ttft_ms.p99, #res.records)
 --   serve.metrics.write_requests_csv("requests.csv", res.records)
 --
--- examples/serve.lua is the command line (serve.main); README.md documents
+-- examples/serve.lua is the command line (pagedattn.serve.cli); README.md documents
 -- the options, the outputs and the policy API.
 local M = {}
 
@@ -492,10 +492,6 @@ function M.run(o)
   assert(cache:stats().used_pages == 0, "serve: pages left behind")
   cache:close()
   return { records = records, summary = summary, report = report }
-end
-
-function M.main(argv)
-  return require("pagedattn.serve.cli").main(argv)
 end
 
 return M

@@ -23,7 +23,7 @@ void pa_pool_params_init(pa_pool_params *p) {
 
 int32_t pa_pool_pop_page(pa_pool *pool) {
     if (pool->free_top > 0) return pool->free_stack[--pool->free_top];
-    return pa_prefix_evict(pool); /* only idle cached pages are left */
+    return pa_prefix_evict(pool->pc); /* only idle cached pages are left */
 }
 
 void pa_pool_push_page(pa_pool *pool, int32_t page) { pool->free_stack[pool->free_top++] = page; }
@@ -38,7 +38,7 @@ void pa_pool_page_unref(pa_pool *pool, int32_t page) {
     pool->page_refs--;
     if (rc == 1) pool->shared_pages--;
     else if (rc == 0) {
-        if (pool->pc && (pool->pc->state[page] & PA_PC_CACHED)) pa_prefix_release(pool, page);
+        if (pool->pc && (pool->pc->state[page] & PA_PC_CACHED)) pa_prefix_release(pool->pc, page);
         else pa_pool_push_page(pool, page);
     }
 }
@@ -357,7 +357,7 @@ void pa_seq_shrink(pa_pool *pool, pa_seq *s, int64_t len, int32_t keep_pages) {
     if (keep_pages < s->num_pages) s->num_pages = keep_pages;
     /* kept pages past the tokens (reserved) are written without a copy: out
      * of the cache (a partial last page stays: a write copies it first) */
-    if (pool->pc) pa_prefix_uncache_from(pool, s, pa_pages_for(len, pool->page_size));
+    if (pool->pc) pa_prefix_uncache_from(pool->pc, s, pa_pages_for(len, pool->page_size));
     pool->tokens += len - s->len;
     s->len = len;
 }

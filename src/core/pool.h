@@ -103,17 +103,25 @@ static inline int64_t pa_pool_available(const pa_pool *pool) {
     return pool->free_top + (pool->pc ? pool->pc->idle : 0);
 }
 
-/* prefix_cache.c: an idle cached page leaves the cache for reuse (the list
- * must not be empty); a cached page whose last holder released it joins the
- * list; pages of s from index `from` on that are cached leave the cache (they
- * are s's reserved pages: written without a copy); the cache's part of
- * pa_pool_validate. */
-int32_t pa_prefix_evict(pa_pool *pool);
-void pa_prefix_release(pa_pool *pool, int32_t page);
-void pa_prefix_uncache_from(pa_pool *pool, const pa_seq *s, int64_t from);
+/* prefix_cache.c, the index (it calls nothing of the pool): make one for
+ * num_pages pages (NULL when out of memory) and drop it; the page cached
+ * under a hash, or -1; cache a page under a hash (it is not cached yet);
+ * evict the oldest idle page (the list must not be empty) and return it; a
+ * cached page whose last holder released it joins the idle list, and leaves
+ * it when a sequence takes it again (acquire; a no-op when held); pages of s
+ * from index `from` on that are cached leave the cache (they are s's reserved
+ * pages: written without a copy); the cache's part of pa_pool_validate. The
+ * pool's calls that use it are in pool_prefix.c. */
+pa_prefix_cache *pa_prefix_create(int64_t num_pages);
+void pa_prefix_destroy(pa_prefix_cache *pc);
+int32_t pa_prefix_find(const pa_prefix_cache *pc, uint64_t h);
+void pa_prefix_insert(pa_prefix_cache *pc, int32_t page, uint64_t h);
+int32_t pa_prefix_evict(pa_prefix_cache *pc);
+void pa_prefix_release(pa_prefix_cache *pc, int32_t page);
+void pa_prefix_acquire(pa_prefix_cache *pc, int32_t page);
+void pa_prefix_uncache_from(pa_prefix_cache *pc, const pa_seq *s, int64_t from);
 pa_status pa_prefix_validate(pa_context *ctx, const pa_pool *pool, const int32_t *refs,
                              const int32_t *in_stack);
-void pa_prefix_destroy(pa_prefix_cache *pc);
 
 static inline pa_seq *pa_pool_seq(const pa_pool *pool, int32_t id) {
     if (id < 0) return NULL;

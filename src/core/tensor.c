@@ -19,30 +19,6 @@
 /* Bigger i32 tensors are not mirrored (they are downloaded when read). */
 #define PA_MIRROR_MAX_BYTES ((size_t)64 << 20)
 
-size_t pa_dtype_size(pa_dtype dtype) {
-    switch (dtype) {
-    case PA_F32: return 4;
-    case PA_F16: return 2;
-    case PA_BF16: return 2;
-    case PA_I32: return 4;
-    case PA_FP8_E4M3: return 1;
-    case PA_FP8_E5M2: return 1;
-    }
-    return 0;
-}
-
-const char *pa_dtype_name(pa_dtype dtype) {
-    switch (dtype) {
-    case PA_F32: return "f32";
-    case PA_F16: return "f16";
-    case PA_BF16: return "bf16";
-    case PA_I32: return "i32";
-    case PA_FP8_E4M3: return "fp8_e4m3";
-    case PA_FP8_E5M2: return "fp8_e5m2";
-    }
-    return "?";
-}
-
 pa_status pa_tensor_create(pa_context *ctx, pa_device *dev, pa_dtype dtype, int ndim,
                            const int64_t *shape, pa_tensor **out) {
     if (!out) return pa_fail(ctx, PA_ERR_ARGUMENT, "tensor: out is NULL");

@@ -1,4 +1,4 @@
--- pagedattn.serve.cli: the command line of examples/serve.lua (serve.main):
+-- pagedattn.serve.cli: the command line of examples/serve.lua (cli.main(arg)):
 -- flags -> serve.run options, a progress line, the printed report, and the
 -- --requests-out / --summary-out files.
 local serve = require "pagedattn.serve"
