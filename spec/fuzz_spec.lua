@@ -38,7 +38,8 @@ describe("fuzzers, short run", function()
     it("pool operations on " .. dev, function()
       local s = run(pool_fuzz, "fuzz-pool", dev, H.scale(10000))
       for _, what in ipairs({ "out_of_pages", "copy_on_write", "batch", "batch_out_of_pages", "stage_twice",
-        "stage_stale", "unstage", "unstage_refused", "stale", "bad_args" }) do
+        "stage_stale", "unstage", "unstage_refused", "stale", "bad_args", "prefix_inserted", "prefix_attached",
+        "prefix_evicted" }) do
         assert((s.events[what] or 0) > 0, "no " .. what .. " event (" .. H.rerun(SPEC) .. ")")
       end
     end)
@@ -207,6 +208,29 @@ describe("the pool fuzzer notices", function()
       end
     end, function()
       assert.matches("issued twice", complaint(pool_fuzz, 3000))
+    end)
+  end)
+
+  it("a cached page written, and an attach that finds less than the cache holds", function()
+    with_method(Sequence, "prefix_attach", function(real)
+      return function(self, n, hashes)
+        local m = real(self, n, hashes)
+        -- what a write into a page the cache shares would do
+        local kc = self.cache.k_cache
+        if m and m > 0 and kc then kc:write({ -7 }, self:pages()[1] * self.cache.page_size * kc.shape[3] * kc.shape[4]) end
+        return m
+      end
+    end, function()
+      assert.matches("a cached page was written", complaint(pool_fuzz, 10000))
+    end)
+    with_method(Sequence, "prefix_attach", function(real)
+      return function(self, n, hashes)
+        local m = real(self, n, hashes)
+        if m and m > 0 then self:truncate(self:len() - self.cache.page_size); return m - 1 end
+        return m
+      end
+    end, function()
+      assert.matches("prefix_attach matched %d+ pages, the model %d+", complaint(pool_fuzz, 10000))
     end)
   end)
 

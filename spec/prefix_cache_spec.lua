@@ -237,6 +237,36 @@ describe("prefix cache: the pool", function()
     c:close()
   end)
 
+  it("takes a page out when an unstage makes it a reserved page again (written later without a copy)", function()
+    local c = assert(pa.kv_cache{ num_pages = 8, page_size = 2, layers = 0 })
+    c:enable_prefix_cache(true)
+    local s = c:sequence()
+    assert(s:reserve(4))                       -- two pages, no tokens
+    local b = assert(c:batch())
+    b:add(s, 4)
+    assert(b:stage())                          -- fills them
+    local h = chain({ 1, 2 }, 2)
+    assert.are.equal(2, s:prefix_insert(0, 2, h))
+    assert.are.equal(2, c:stats().cached_pages)
+    assert(b:unstage())                        -- empty again, the two pages reserved
+    assert.are.same({ 0, 2 }, { s:len(), s:num_pages() })
+    assert.are.equal(0, c:stats().cached_pages)
+    assert.are.equal(0, c:prefix_lookup(2, h))
+    c:validate()
+    -- a stage's fresh pages go back to the free pages, and stay cached there
+    local t = c:sequence()
+    b:clear():add(t, 4)
+    assert(b:stage())
+    assert.are.equal(2, t:prefix_insert(0, 2, h))
+    assert(b:unstage())
+    assert.are.same({ 0, 0 }, { t:len(), t:num_pages() })
+    assert.are.equal(2, c:stats().cached_pages)
+    assert.are.equal(2, c:prefix_lookup(2, h))
+    c:validate()
+    b:close()
+    c:close()
+  end)
+
   it("matches a Lua model under random operations", function()
     -- (more rounds, up to 16, while a kind of event has not happened yet: a
     -- scaled-down run, as under the sanitizers, may draw too few of them)

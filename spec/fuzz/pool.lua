@@ -12,7 +12,15 @@
 -- dead one, lengths past 2^30, out of pages) and unstage (the undo record of
 -- the last good stage, whatever failed since), stale ids after free (they
 -- must stay dead: no id is ever issued twice), bad arguments, closing a batch
--- (its views die), and churns of thousands of create/free cycles. A call that
+-- (its views die), churns of thousands of create/free cycles, and, in half
+-- the pools, the prefix cache: inserts of full pages under hashes, attaches
+-- of new sequences to cached prefixes, lookups, turning it off and on, and
+-- their mistakes. The model knows which page is cached under which hash and
+-- the tags each cached page held when it was inserted: a cached page must
+-- keep them (nobody writes it; a write into a cached partial page copies it),
+-- an attach must find exactly the model's pages, and an allocation may evict
+-- only as many idle cached pages as the uncached free ones fall short (which
+-- ones is spec/prefix_cache_spec.lua's to check). A call that
 -- fails must raise "pagedattn.<fn>: <arg>: ..." or return nil, "...out of
 -- pages...", and leave the stats, every sequence, the staged views and the
 -- undo record as they were.
@@ -60,9 +68,10 @@ end
 local FNAMES = {}
 for _, f in ipairs({ "seq:append", "seq:reserve", "seq:truncate", "seq:fork", "seq:free", "seq:len",
   "seq:pages", "seq:num_pages", "seq:pages_needed", "refcount", "batch:add", "batch:stage",
-  "batch:unstage", "to_table", "sequence", "free" }) do FNAMES[f] = true end
+  "batch:unstage", "to_table", "sequence", "free", "seq:prefix_attach", "seq:prefix_insert", "prefix_lookup",
+  "enable_prefix_cache" }) do FNAMES[f] = true end
 local ARGS = { seq = true, n = true, len = true, page = true, parent = true, seqs = true, num_new = true,
-  batch = true, cache = true, tensor = true }
+  batch = true, cache = true, tensor = true, hashes = true, first = true, pool = true, on = true }
 
 -- The argument a raised message names, or nil and why the message is wrong.
 local function parse_error(msg)
@@ -72,7 +81,7 @@ local function parse_error(msg)
     return nil, "the error points inside the package (" .. loc .. ")"
   end
   body = body or msg
-  local fname, arg = body:match("^pagedattn%.([%w_:]+): ([%w_]+):")
+  local fname, arg = body:match("^pagedattn%.([%w_:]+): ([%w_]+)[%[%]%d]*:")
   if not fname then return nil, "the message does not start with 'pagedattn.<function>: <argument>:'" end
   if not FNAMES[fname] then return nil, "the message names function '" .. fname .. "'" end
   if not ARGS[arg] then return nil, "the message names '" .. arg .. "', not an argument" end
@@ -86,7 +95,8 @@ end
 -- default 1), events (a table counting what happened), ops (per operation
 -- outcomes), rerun (text for failures), big (page sizes near 2^20: lengths
 -- near 2^30), churn (allow create/free churns), strict (run into the known
--- bugs too), known (a table counting the known bugs stepped around).
+-- bugs too), known (a table counting the known bugs stepped around),
+-- prefix (the prefix cache is on at the start and its operations run).
 function M.episode(o)
   local seed = o.seed
   local rng = ref.rng(seed)
@@ -101,6 +111,20 @@ function M.episode(o)
     c = assert(pa.kv_cache{ num_pages = N, page_size = ps, layers = 0 })
   end
   local kc = c.k_cache
+  -- the prefix cache while on: page_of[hash] = page, hash_of[page] = hash,
+  -- held[page] = {[slot + 1] = tag} (the tags it held when inserted); chains:
+  -- hash lists that inserts used (attaches draw from them)
+  local pc = nil
+  local chains = {}
+  if o.prefix then
+    assert(c:enable_prefix_cache(true))
+    pc = { page_of = {}, hash_of = {}, held = {}, n = 0 }
+  end
+  local function uncache(p)
+    local h = pc.hash_of[p]
+    pc.page_of[h], pc.hash_of[p], pc.held[p] = nil, nil, nil
+    pc.n = pc.n - 1
+  end
   local tok = Hk * D
   -- live sequences: { seq =, pages = {...}, len =, tags = {[t] = tag} } (tags of
   -- the tokens written into the cache; sparse: huge appends write none)
@@ -178,13 +202,30 @@ function M.episode(o)
         used, N - used, shared, refs, #model, tokens))
     end
     if s.peak_used_pages < used then fail("peak_used_pages " .. s.peak_used_pages .. " < used " .. used) end
-    c:validate()
+    if s.cached_pages ~= (pc and pc.n or 0) then
+      fail("stats cached_pages " .. s.cached_pages .. ", the model caches " .. (pc and pc.n or 0))
+    end
+    local ok, err = pcall(c.validate, c)
+    if not ok then fail(tostring(err)) end
   end
 
   -- every token's tag must be in its slot: sharing, copies and undo kept the data
   local function check_data()
     if not kc then return end
     local all = kc:to_table()
+    -- (numeric loops: LuaJIT 2.1.0-beta3, as Debian 12 ships it, compiled a
+    -- load indexed by keys from nested pairs() wrong here: it read all[1])
+    for p = 0, pc and N - 1 or -1 do
+      local held = pc.held[p]
+      for slot = 0, held and ps - 1 or -1 do
+        local tag = held[slot + 1]
+        local got = tag and all[(p * ps + slot) * tok + 1]
+        if got ~= tag then
+          fail(string.format("cached page %d slot %d holds %s, %d when it was cached under %s (a cached page was written)",
+            p, slot, tostring(got), tag, tostring(pc.hash_of[p])))
+        end
+      end
+    end
     for _, m in ipairs(model) do
       for t1, tag in pairs(m.tags) do
         local t = t1 - 1
@@ -208,7 +249,9 @@ function M.episode(o)
     local cow = false
     if len % ps ~= 0 then
       local p = m.pages[floor(len / ps) + 1]
-      if rc[p] - (drops[p] or 0) > 1 then
+      -- (a cached page is never written: a write into it copies it first)
+      if rc[p] - (drops[p] or 0) > 1 or (pc and pc.hash_of[p]) then
+        if rc[p] - (drops[p] or 0) <= 1 then count("copy_of_cached_page") end
         cow = true
         drops[p] = (drops[p] or 0) + 1
       end
@@ -324,6 +367,38 @@ function M.episode(o)
     for i, x in ipairs(model) do if x == m then return i end end
   end
 
+  -- Free pages no cache entry names (an allocation takes them first), and
+  -- the evictions count now.
+  local function uncached_free(rc)
+    local n = 0
+    for p = 0, N - 1 do if rc[p] == 0 and not (pc and pc.hash_of[p]) then n = n + 1 end end
+    return n
+  end
+  local function evictions() return c:stats().prefix_evictions end
+
+  -- After an allocation of `need` pages took the pages in `taken`: the cached
+  -- ones among them were evicted (idle ones only: held pages are never
+  -- taken), exactly as many as the uncached free pages fell short.
+  local function note_evictions(taken, need, free_before, ev_before, what)
+    local n = 0
+    for p in pairs(taken) do
+      if pc and pc.hash_of[p] then
+        uncache(p)
+        n = n + 1
+      end
+    end
+    local want = math.max(0, need - free_before)
+    if n ~= want then
+      fail(string.format("%s took %d cached pages; %d pages needed, %d uncached free: %d should go", what, n, need,
+        free_before, want))
+    end
+    if evictions() - ev_before ~= n then
+      fail(string.format("%s: stats prefix_evictions grew by %d, %d cached pages were taken", what,
+        evictions() - ev_before, n))
+    end
+    if n > 0 then count("prefix_evicted") end
+  end
+
   local function write_op(m, n, reserve_only)
     local op = reserve_only and "reserve" or "append"
     local len = m.len
@@ -345,15 +420,20 @@ function M.episode(o)
       return false
     end
     local was_free = free_set()
+    local free_before, ev_before = uncached_free(rc), evictions()
     local r, err
     if reserve_only then r, err = m.seq:reserve(n) else r, err = m.seq:append(n) end
     if not r then fail("unexpected failure: " .. tostring(err) .. " (need " .. need .. ", free " .. free .. ")") end
     outcome(op, "ok")
-    adopt(m, n, cow, was_free, {})
+    local taken = {}
+    adopt(m, n, cow, was_free, taken)
+    note_evictions(taken, need, free_before, ev_before, op)
     if not reserve_only then write_tokens(m, n) end
     if cow then count("copy_on_write") end
     return true
   end
+
+  local insert_op, unstage_op -- (below)
 
   -- Stages a random subset of the live sequences in batch bb; now and then
   -- with a mistake in it (which must change nothing).
@@ -421,6 +501,7 @@ function M.episode(o)
     end
     local free = free_count(rc)
     local snap, was_free = snapshot(), free_set()
+    local free_before, ev_before = uncached_free(rc), evictions()
     local ok, err = b:stage()
     log[#log + 1] = "stage(" .. k .. ")"
     if need > free then
@@ -472,11 +553,23 @@ function M.episode(o)
       q_at, nnz = q_at + n, nnz + np
       undo[j] = { m = m, before_len = pl.before_len, before_pages = pl.before_pages, num_new = n, fresh = pl.fresh }
     end
+    note_evictions(taken, need, free_before, ev_before, "stage")
     bb.undo, bb.skip_unstage = undo, nil
+    -- pages the stage filled go into the cache now and then (as a server
+    -- registers a prefill): an unstage must take them out again
+    if pc and k > 0 and rng:uniform() < 0.3 then
+      -- mostly one that had reserved pages: an unstage keeps those
+      local pl = plans[rng:int(1, k)]
+      for _, x in ipairs(plans) do
+        if x.before_pages > pages_for(x.before_len, ps) and rng:uniform() < 0.7 then pl = x end
+      end
+      insert_op(pl.m, floor(pl.before_len / ps))
+      if rng:uniform() < 0.5 then unstage_op(bb) end
+    end
   end
 
   -- Undoes batch bb's last good stage; the model predicts refusals.
-  local function unstage_op(bb)
+  function unstage_op(bb)
     local b = bb.b
     if bb.skip_unstage then return end
     log[#log + 1] = "unstage"
@@ -536,6 +629,10 @@ function M.episode(o)
       end
       m.pages = got
       cut(m, u.before_len)
+      -- pages past the tokens are written without a copy: out of the cache
+      for j = np + 1, #got do
+        if pc and pc.hash_of[got[j]] then uncache(got[j]); count("prefix_uncached_by_unstage") end
+      end
     end
     bb.undo = nil
     count("unstage")
@@ -624,6 +721,194 @@ function M.episode(o)
     count("bad_args")
   end
 
+  ---------------------------------------------------------------------------
+  -- the prefix cache
+
+  -- a hash label: mostly from a small range, so that inserts meet hashes
+  -- cached under other pages (the first page cached under a hash stays)
+  local function label()
+    if rng:uniform() < 0.7 then return rng:int(1, 3 * N) end
+    return rng:int(1, 2 ^ 40)
+  end
+
+  -- hashes for m's first k pages: a cached page's own, else a fresh label
+  local function chain_for(m, k)
+    local hs = {}
+    for j = 1, k do hs[j] = pc.hash_of[m.pages[j]] or label() end
+    return hs
+  end
+
+  local function new_sequence()
+    local s = assert(c:sequence())
+    new_id(s.id)
+    local m = { seq = s, pages = {}, len = 0, tags = {} }
+    model[#model + 1] = m
+    return m
+  end
+
+  -- inserts pages of m from `first` on (default: a random first page)
+  function insert_op(m, from)
+    local full = floor(m.len / ps)
+    local first = from and math.min(from, full) or rng:int(0, full)
+    local n = rng:int(0, full - first)
+    local hs = chain_for(m, first + n)
+    local r = rng:uniform()
+    log[#log + 1] = "prefix_insert(" .. m.seq.id .. "," .. first .. "," .. n .. ")"
+    if r < 0.06 then
+      n = full - first + rng:int(1, 3)
+      for j = #hs + 1, first + n do hs[j] = label() end
+      expect_failure("prefix_insert", "an insert of pages that are not full", false, m.seq.prefix_insert, m.seq,
+        first, n, hs)
+      return
+    elseif r < 0.14 then
+      local cached = {}
+      for j = first + 1, first + n do if pc.hash_of[m.pages[j]] then cached[#cached + 1] = j end end
+      if #cached > 0 then
+        local j = pick(rng, cached)
+        hs[j] = pc.hash_of[m.pages[j]] + rng:int(1, 5)
+        expect_failure("prefix_insert", "an insert naming a cached page by another hash", false, m.seq.prefix_insert,
+          m.seq, first, n, hs)
+        count("prefix_insert_other_hash")
+        return
+      end
+    elseif r < 0.2 then
+      local bad = rng:int(1, 5)
+      if bad == 1 then first = -1
+      elseif bad == 2 then n = -rng:int(1, 3)
+      elseif bad == 3 then n = n + 0.5
+      elseif bad == 4 and first + n > 0 then hs[rng:int(1, first + n)] = pick(rng, { -1, 0.5, "x", 2 ^ 53 })
+      else hs[first + n] = nil; n = n + 1 end
+      expect_failure("prefix_insert", "an insert with a bad argument (" .. bad .. ")", false, m.seq.prefix_insert,
+        m.seq, first, n, hs)
+      return
+    end
+    local added = 0
+    for j = first + 1, first + n do
+      local p, h = m.pages[j], hs[j]
+      if not pc.hash_of[p] and not pc.page_of[h] then
+        local held = {}
+        if kc then for slot = 1, ps do held[slot] = m.tags[(j - 1) * ps + slot] end end
+        pc.page_of[h], pc.hash_of[p], pc.held[p], pc.n = p, h, held, pc.n + 1
+        added = added + 1
+      end
+    end
+    local got = m.seq:prefix_insert(first, n, hs)
+    if got ~= added then fail("prefix_insert cached " .. tostring(got) .. " pages, the model " .. added) end
+    if first + n > 0 then chains[#chains + 1] = hs end
+    outcome("prefix_insert", "ok")
+    if added > 0 then count("prefix_inserted") end
+  end
+
+  local function attach_op()
+    -- hashes: a chain an insert used, cut or extended, or two end to end
+    local hs = {}
+    if #chains > 0 then
+      local ch = pick(rng, chains)
+      for j = 1, rng:int(0, #ch) do hs[j] = ch[j] end
+      local r = rng:uniform()
+      if r < 0.3 then
+        for _ = 1, rng:int(1, 3) do hs[#hs + 1] = label() end
+      elseif r < 0.45 then
+        for _, h in ipairs(pick(rng, chains)) do hs[#hs + 1] = h end
+      end
+    else
+      for j = 1, rng:int(0, 4) do hs[j] = label() end
+    end
+    local n = #hs
+    local pages = {}
+    for j = 1, n do
+      local p = pc.page_of[hs[j]]
+      if not p then break end
+      pages[j] = p
+    end
+    local matched = #pages
+    -- a lookup changes nothing and agrees (idle: matched entries no sequence holds)
+    local rc = refcounts()
+    local idle = 0
+    for _, p in ipairs(pages) do if rc[p] == 0 then idle = idle + 1 end end
+    local lm, li = c:prefix_lookup(n, hs)
+    if lm ~= matched or li ~= idle then
+      fail(string.format("prefix_lookup: %d matched, %d idle; the model %d, %d", lm, li, matched, idle))
+    end
+    local r = rng:uniform()
+    if r < 0.08 and #model > 0 then
+      -- attach starts an empty sequence
+      local m = pick(rng, model)
+      if #m.pages > 0 then
+        log[#log + 1] = "prefix_attach(nonempty " .. m.seq.id .. ")"
+        expect_failure("prefix_attach", "an attach to a sequence holding pages", false, m.seq.prefix_attach, m.seq, n, hs)
+        return
+      end
+    end
+    local m = new_sequence()
+    log[#log + 1] = "prefix_attach(" .. m.seq.id .. "," .. n .. ")"
+    if r > 0.94 then
+      local bad = rng:int(1, 3)
+      local bn, bh = n, hs
+      if bad == 1 then bn = -1 elseif bad == 2 then bn = n + 1 else bh = "hashes" end
+      expect_failure("prefix_attach", "an attach with a bad argument (" .. bad .. ")", false, m.seq.prefix_attach,
+        m.seq, bn, bh)
+      return
+    end
+    if matched * ps > MAXSEQ then
+      expect_failure("prefix_attach", "an attach past 2^30 tokens", false, m.seq.prefix_attach, m.seq, n, hs)
+      count("prefix_attach_past_max")
+      return
+    end
+    local before = c:stats()
+    local got = m.seq:prefix_attach(n, hs)
+    if got ~= matched then fail("prefix_attach matched " .. tostring(got) .. " pages, the model " .. matched) end
+    local after = c:stats()
+    if after.prefix_hits - before.prefix_hits ~= matched or after.prefix_misses - before.prefix_misses ~= n - matched then
+      fail("prefix_attach: hits/misses grew by " .. (after.prefix_hits - before.prefix_hits) .. "/" ..
+        (after.prefix_misses - before.prefix_misses) .. ", the model " .. matched .. "/" .. (n - matched))
+    end
+    m.pages, m.len = pages, matched * ps
+    for j, p in ipairs(pages) do
+      local held = pc.held[p]
+      if kc then for slot = 1, ps do m.tags[(j - 1) * ps + slot] = held[slot] end end
+    end
+    outcome("prefix_attach", "ok")
+    if matched > 0 then
+      count("prefix_attached")
+      check_data() -- the attached tokens are the cached ones
+    end
+  end
+
+  -- on and off (off: every page leaves the cache; idle ones become free)
+  local function toggle_op()
+    local on = pc == nil
+    if rng:uniform() < 0.2 then on = pc ~= nil end -- the same state again: nothing changes
+    log[#log + 1] = "prefix_cache(" .. tostring(on) .. ")"
+    if rng:uniform() < 0.1 then
+      expect_failure("prefix_toggle", "enable_prefix_cache with a non-boolean", false, c.enable_prefix_cache, c,
+        pick(rng, { 1, "on", {} }))
+      return
+    end
+    assert(c:enable_prefix_cache(on))
+    if not on then pc = nil
+    elseif not pc then pc = { page_of = {}, hash_of = {}, held = {}, n = 0 } end
+    chains = on and chains or {}
+    outcome("prefix_toggle", "ok")
+  end
+
+  local function prefix_op()
+    if rng:uniform() < (pc and 0.03 or 0.3) then return toggle_op() end
+    if not pc then
+      -- off: lookups find nothing, the other calls are refused
+      local lm, li = c:prefix_lookup(2, { label(), label() })
+      if lm ~= 0 or li ~= 0 then fail("prefix_lookup with the cache off: " .. lm .. ", " .. li) end
+      local m = #model > 0 and pick(rng, model) or new_sequence()
+      if rng:uniform() < 0.5 then
+        expect_failure("prefix_off", "prefix_insert with the cache off", false, m.seq.prefix_insert, m.seq, 0, 0, {})
+      else
+        expect_failure("prefix_off", "prefix_attach with the cache off", false, m.seq.prefix_attach, m.seq, 1, { 1 })
+      end
+      return
+    end
+    if #model > 0 and rng:uniform() < 0.5 then insert_op(pick(rng, model)) else attach_op() end
+  end
+
   -- Thousands of create/free cycles: ids must stay unique (issue 46: they
   -- came back after 2,048), and the stale ones dead.
   local function churn_op()
@@ -644,9 +929,16 @@ function M.episode(o)
   for _ = 1, rng:int(1, 2) do batches[#batches + 1] = { b = assert(c:batch{ capacity = rng:int(1, 8), csr = true }) } end
   for step = 1, o.steps do
     local r = rng:uniform()
+    if o.prefix and r < 0.15 then
+      prefix_op()
+      r = nil
+    elseif o.prefix then
+      r = (r - 0.15) / 0.85
+    end
     -- a nearly full pool mostly fails: give pages back more often then
-    if c:free_pages() < N / 5 and rng:uniform() < 0.6 then r = 0.55 + 0.2 * rng:uniform() end
-    if #model == 0 or r < 0.08 then
+    if r and c:free_pages() < N / 5 and rng:uniform() < 0.6 then r = 0.55 + 0.2 * rng:uniform() end
+    if not r then -- (a prefix cache operation ran)
+    elseif #model == 0 or r < 0.08 then
       local s = assert(c:sequence())
       new_id(s.id)
       model[#model + 1] = { seq = s, pages = {}, len = 0, tags = {} }
@@ -701,7 +993,7 @@ function M.episode(o)
       end
     end
     check_all()
-    if step % 10 == 0 then check_data() end
+    if step % (tonumber(os.getenv("DBG_EVERY")) or 10) == 0 then check_data() end
   end
   check_data()
   -- everything goes back
@@ -749,14 +1041,15 @@ function M.run(o)
   local t0 = os.clock()
   local done, next_log = 0, o.log_every or 10000
   while done < iters do
-    -- three draws a pool, whatever it does: pool i can be rerun alone (case = i)
+    -- four draws a pool, whatever it does: pool i can be rerun alone (case = i)
     local cfg = CONFIGS[master:int(1, #CONFIGS)]
     local steps = math.min(iters - done, o.steps or master:int(100, 400))
     local ep_seed = floor(master:uniform() * 2 ^ 52)
+    local prefix = master:uniform() < 0.5
     st.episodes = st.episodes + 1
     if not o.case or o.case == st.episodes then
       M.episode{ seed = ep_seed, page_size = cfg.page_size, num_pages = cfg.num_pages, layers = cfg.layers,
-        big = cfg.big, steps = steps, device = dev, events = st.events, ops = st.ops, known = st.known, strict = o.strict,
+        big = cfg.big, prefix = prefix, steps = steps, device = dev, events = st.events, ops = st.ops, known = st.known, strict = o.strict,
         rerun = string.format("pool %d of the run; rerun: %s  (this pool alone: --case %d)", st.episodes,
           M.rerun(seed, iters, dev.name), st.episodes) }
     end

@@ -64,7 +64,7 @@ pa_status pa_seq_prefix_attach(pa_context *ctx, pa_pool *pool, int32_t seq, int6
     pa_prefix_cache *pc = pool->pc;
     const int64_t m = pa_pool_prefix_lookup(pool, n, hashes, NULL);
     if (m * (int64_t)pool->page_size > PA_MAX_SEQ_LEN)
-        return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %lld matched pages are more than 2^31 - 1 tokens", (long long)m);
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "n: %lld matched pages are more than 2^30 (PA_MAX_SEQLEN) tokens", (long long)m);
     st = pa_seq_ensure_cap(ctx, s, m); /* the one thing that can fail: before any change */
     if (st) return st;
     for (int64_t i = 0; i < m; i++) {
