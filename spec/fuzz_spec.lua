@@ -109,7 +109,7 @@ describe("the attention fuzzer notices", function()
         return pa.tensor(pa.is_tensor(q) and q.shape or { 1 }, "f32", "cpu")
       end
     end, function()
-      assert.matches("call was accepted", complaint(attention_fuzz, 200))
+      assert.matches("call[%w ]* was accepted", complaint(attention_fuzz, 200)) -- ("a call past the limits was accepted" too)
     end)
   end)
 
