@@ -29,7 +29,7 @@ describe("fuzzers, short run", function()
     it("attention calls on " .. dev, function()
       local s = run(attention_fuzz, "fuzz-attention", dev, H.scale(1000))
       -- a run that never reached a kind of case checked nothing about it
-      for _, k in ipairs({ "valid", "same", "pass", "fail", "batch" }) do
+      for _, k in ipairs({ "valid", "same", "pass", "fail", "batch", "batch_cascade_used" }) do
         assert((s.kinds[k] or 0) > 0, "no case of kind " .. k .. " (" .. H.rerun(SPEC) .. ")")
       end
       assert.is_true(s.outcomes.ok > 0 and s.outcomes.refused > 0)

@@ -18,7 +18,8 @@
 -- tensor it was given (compared element by element), a call that succeeds
 -- writes none of its read-only inputs, and unmutated cases match the reference
 -- through check.run. Rarer scenarios: a staged batch (valid and malformed calls,
--- then the valid call again after a failed one), and key counts near
+-- then the valid call again after a failed one; a third of them with forks and
+-- cascade = true, so that shared prefixes run as two levels), and key counts near
 -- PA_MAX_SEQLEN = 2^30 and 2^31 on caches of huge pages.
 --
 --   local fuzz = require "spec.fuzz.attention"   -- busted: require "fuzz.attention"
@@ -1116,22 +1117,26 @@ local function batch_case(st, x, rng)
     cache.k_caches[l]:copy_from(assert(pa.randn({ N, ps, Hk, D }, dt, dev, rng:int(0, 2 ^ 30))))
     cache.v_caches[l]:copy_from(assert(pa.randn({ N, ps, Hk, D }, dt, dev, rng:int(0, 2 ^ 30))))
   end
+  -- a third of the batches plan shared prefixes (cascade): forks share pages
+  local cascade = chance(rng, 0.35)
   local seqs = {}
   for i = 1, rng:int(1, 4) do
     local s = assert(cache:sequence())
     if s:append(rng:int(0, 2 * ps + 3)) == nil then s:free() else seqs[#seqs + 1] = s end
-    if #seqs > 0 and chance(rng, 0.3) then
+    if #seqs > 0 and chance(rng, cascade and 0.8 or 0.3) then
       local kid = seqs[rng:int(1, #seqs)]:fork()
       if kid then seqs[#seqs + 1] = kid end
     end
   end
   if #seqs == 0 then cache:close() return "ok" end
-  local b = assert(cache:batch{ capacity = pick(rng, { 1, 64 }) })
+  local b = assert(cache:batch{ capacity = pick(rng, { 1, 64 }), cascade = cascade })
   local form = pick(rng, { "varlen", "varlen", "kvcache", "append_kv" })
   local uniform = form == "kvcache" and rng:int(1, 3) or nil
   for _, s in ipairs(seqs) do b:add(s, uniform or rng:int(form == "append_kv" and 1 or 0, 4)) end
   if not b:stage() then cache:close() count(st.kinds, "batch_out_of_pages") return "ok" end
-  x.describe = x.describe .. string.format(" %s B=%d total_q=%d", form, b.size, b.total_q)
+  x.describe = x.describe .. string.format(" %s B=%d total_q=%d%s", form, b.size, b.total_q,
+    cascade and string.format(" cascade (%d groups)", b:cascade_info().groups) or "")
+  if cascade and b:cascade_info().groups > 0 then count(st.kinds, "batch_cascade") end
   local Tq, layer = b.total_q, rng:int(1, layers)
   local qh = ref.randn({ Tq, H, D }, rng, dt)
   local kh, vh = ref.randn({ Tq, Hk, D }, rng, dt), ref.randn({ Tq, Hk, D }, rng, dt)
@@ -1153,6 +1158,7 @@ local function batch_case(st, x, rng)
     else
       out = assert(b:attention(q, k, v, { layer = layer }))
     end
+    if cascade and b:cascade_info().last == "used" then count(st.kinds, "batch_cascade_used") end
     if Tq == 0 then return end
     local kc, vc = cache.k_caches[layer], cache.v_caches[layer]
     local kall, vall = kc:to_table(), vc:to_table()
