@@ -135,7 +135,12 @@ local function apply_preset(def, preset)
     error("pagedattn.sweep: no preset '" .. preset .. "' (presets: " ..
           (#names > 0 and table.concat(names, ", ") or "none") .. ")", 3)
   end
-  for k, v in pairs(p) do
+  -- (the preset's keys as a list: a pairs() loop around the axes' pairs()
+  -- loop drops keys on Debian 12's LuaJIT, LuaJIT issue 827)
+  local keys = {}
+  for k in pairs(p) do keys[#keys + 1] = k end
+  for _, k in ipairs(keys) do
+    local v = p[k]
     if k == "axes" and d.axes and not is_array(v) and not is_array(d.axes) then
       local merged = copy(d.axes)
       for a, vals in pairs(v) do merged[a] = vals end
