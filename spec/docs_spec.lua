@@ -98,6 +98,20 @@ describe("the documentation's programs", function()
     end
   end
 
+  it("examples/first.lua and the policy x load study (its seconds-long preset) run as the README says", function()
+    local rc, out = sh("cd '" .. dir .. "' && luajit '" .. root .. "/examples/first.lua'")
+    assert(rc == 0, "examples/first.lua exits " .. tostring(rc) .. ":\n" .. out)
+    assert.matches("all outputs within tolerance", out)
+    rc, out = sh("cd '" .. dir .. "' && luajit '" .. root .. "/examples/serve_study.lua' --preset estimate --device cpu")
+    assert(rc == 0, "examples/serve_study.lua --preset estimate exits " .. tostring(rc) .. ":\n" .. out)
+    assert.matches("28 points run %(28 ok, 0 failed%)", out)
+    for _, f in ipairs({ "serve_study.csv", "serve_study-ttft_p99_ms.png", "serve_study-goodput_rps.png" }) do
+      local fh = io.open(dir .. "/results/" .. f)
+      assert(fh and fh:read(4), "no results/" .. f .. ":\n" .. out)
+      fh:close()
+    end
+  end)
+
   it("found the programs (README's first example among them)", function()
     local n = 0
     for _, b in ipairs(blocks("README.md")) do
