@@ -214,16 +214,24 @@ describe("attention with fp8 caches on the CPU against the reference", function(
 
   it("the tolerance rule tells a wrong scale apart; the reference's store saturates", function()
     local rng = ref.rng(H.seed("fp8-can-fail"))
-    local case = check.random_case(rng, { cache_dtype = "fp8_e4m3", dtype = "bf16", mode = "read", form = "kvcache",
-                                          k_scale = 0.5, v_scale = 0.5, fp8_range = "normal" })
-    local inputs = check.build(case, rng)
+    local inputs
     local function ref_run(precision, v_scale)
       local o = { cache_dtype = "fp8_e4m3", precision = precision }
       for k, v in pairs(inputs.opts) do o[k] = v end
       o.v_scale = v_scale or o.v_scale
       return (ref.attention_with_kvcache(inputs.q, ref.copy(inputs.k_cache), ref.copy(inputs.v_cache), o))
     end
-    local exact, naive = ref_run("f64"), ref_run("bf16")
+    -- a case whose rows see keys (a draw of empty sequences outputs zeros,
+    -- whatever the scale: seed 7005000 drew one)
+    local exact
+    for _ = 1, 50 do
+      local case = check.random_case(rng, { cache_dtype = "fp8_e4m3", dtype = "bf16", mode = "read",
+        form = "kvcache", k_scale = 0.5, v_scale = 0.5, fp8_range = "normal" })
+      inputs = check.build(case, rng)
+      exact = ref_run("f64")
+      if ref.max_abs_diff(exact, ref.tensor(exact.shape)) > 0.05 then break end
+    end
+    local naive = ref_run("bf16")
     local tol = ref.tolerance("bf16", ref.max_abs_diff(naive, exact))
     assert.is_true(ref.max_abs_diff(naive, exact) <= tol)
     assert.is_true(ref.max_abs_diff(ref_run("f64", 0.25), exact) > 10 * tol)
