@@ -18,7 +18,7 @@
 -- tensor it was given (compared element by element), a call that succeeds
 -- writes none of its read-only inputs, and unmutated cases match the reference
 -- through check.run. Rarer scenarios: a staged batch (valid and malformed calls,
--- then the valid call again after a failed one; a third of them with forks and
+-- then the valid call again after a failed one; near half of them with forks and
 -- cascade = true, so that shared prefixes run as two levels), and key counts near
 -- PA_MAX_SEQLEN = 2^30 and 2^31 on caches of huge pages.
 --
@@ -1073,15 +1073,38 @@ local function direct_case(st, x, rng)
     if ra ~= rb then return ra < rb end
     return a.name < b.name
   end)
+  -- a mutation whose every option a later one set again counts for nothing
+  -- (lua_table_bad's cache_seqlens list, then seqlens_number's scalar)
   local kind = "same"
+  local applied, last_writer = {}, {}
   for _, m in ipairs(chosen) do
     x.needs_work = nil
+    local before, tensors = {}, { x.q, x.kc, x.vc, x.opts }
+    if type(x.opts) == "table" then for key, v in pairs(x.opts) do before[key] = v end end
     if m.apply(x) ~= false then
       local k = m.kind
       if x.needs_work and not x.f.work then k = "any" end
+      local me = { m = m, kind = k, keys = {}, lost = 0, at = #x.applied + 1,
+        -- (one that changed q, a cache or the opts table itself always counts)
+        other = x.q ~= tensors[1] or x.kc ~= tensors[2] or x.vc ~= tensors[3] or x.opts ~= tensors[4] }
+      if type(x.opts) == "table" then
+        for key, v in pairs(x.opts) do if before[key] ~= v then me.keys[#me.keys + 1] = key end end
+        for key in pairs(before) do if x.opts[key] == nil then me.keys[#me.keys + 1] = key end end
+      end
+      for _, key in ipairs(me.keys) do
+        if last_writer[key] then last_writer[key].lost = last_writer[key].lost + 1 end
+        last_writer[key] = me
+      end
+      applied[#applied + 1] = me
       x.applied[#x.applied + 1] = m.name .. (k ~= m.kind and " (no work: any)" or "")
-      if RANK[k] > RANK[kind] and not m.deferred then kind = k end
       if m.deferred and k ~= m.kind then x.pre_kind = k end
+    end
+  end
+  for _, me in ipairs(applied) do
+    if #me.keys > 0 and me.lost == #me.keys and not me.other then
+      x.applied[me.at] = x.applied[me.at] .. " (overwritten)"
+    elseif RANK[me.kind] > RANK[kind] and not me.m.deferred then
+      kind = me.kind
     end
   end
   if #x.applied == 0 then x.applied[1] = "(none applied)" end
@@ -1118,11 +1141,13 @@ local function batch_case(st, x, rng)
     cache.v_caches[l]:copy_from(assert(pa.randn({ N, ps, Hk, D }, dt, dev, rng:int(0, 2 ^ 30))))
   end
   -- a third of the batches plan shared prefixes (cascade): forks share pages
-  local cascade = chance(rng, 0.35)
+  local cascade = chance(rng, 0.45)
   local seqs = {}
   for i = 1, rng:int(1, 4) do
     local s = assert(cache:sequence())
-    if s:append(rng:int(0, 2 * ps + 3)) == nil then s:free() else seqs[#seqs + 1] = s end
+    -- (a cascade batch's sequences mostly hold a whole page or more: shareable)
+    local n = cascade and chance(rng, 0.8) and rng:int(ps, 2 * ps + 3) or rng:int(0, 2 * ps + 3)
+    if s:append(n) == nil then s:free() else seqs[#seqs + 1] = s end
     if #seqs > 0 and chance(rng, cascade and 0.8 or 0.3) then
       local kid = seqs[rng:int(1, #seqs)]:fork()
       if kid then seqs[#seqs + 1] = kid end

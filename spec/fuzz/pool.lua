@@ -750,7 +750,7 @@ function M.episode(o)
   function insert_op(m, from)
     local full = floor(m.len / ps)
     local first = from and math.min(from, full) or rng:int(0, full)
-    local n = rng:int(0, full - first)
+    local n = rng:int(math.min(1, full - first), full - first)
     local hs = chain_for(m, first + n)
     local r = rng:uniform()
     log[#log + 1] = "prefix_insert(" .. m.seq.id .. "," .. first .. "," .. n .. ")"
@@ -803,8 +803,9 @@ function M.episode(o)
     -- hashes: a chain an insert used, cut or extended, or two end to end
     local hs = {}
     if #chains > 0 then
-      local ch = pick(rng, chains)
-      for j = 1, rng:int(0, #ch) do hs[j] = ch[j] end
+      -- mostly one of the last inserts' chains (likelier still cached), from its start
+      local ch = rng:uniform() < 0.7 and chains[#chains - rng:int(0, math.min(#chains, 4) - 1)] or pick(rng, chains)
+      for j = 1, rng:int(rng:uniform() < 0.8 and 1 or 0, #ch) do hs[j] = ch[j] end
       local r = rng:uniform()
       if r < 0.3 then
         for _ = 1, rng:int(1, 3) do hs[#hs + 1] = label() end
