@@ -65,12 +65,12 @@ describe("the documentation's programs", function()
   local dir = H.tmpdir()
   -- programs name the repository's files (examples/traces/...) relative to the root
   assert(os.execute("ln -s '" .. root .. "/examples' '" .. dir .. "/examples'") == 0)
-  local ran = 0
 
   for _, file in ipairs(files) do
     for _, b in ipairs(blocks(file)) do
       if is_program(b.text) then
-        it(string.format("%s:%d runs%s", file, b.line, expectations(b.text) and " and prints what it says" or ""),
+        local want = expectations(b.text)
+        it(string.format("%s:%d runs%s", file, b.line, want and " and prints what it says" or ""),
           function()
             local path = dir .. "/block.lua"
             local f = assert(io.open(path, "w"))
@@ -78,8 +78,6 @@ describe("the documentation's programs", function()
             f:close()
             local rc, out = sh("cd '" .. dir .. "' && luajit block.lua")
             assert(rc == 0, string.format("%s:%d exits %s:\n%s", file, b.line, tostring(rc), out))
-            ran = ran + 1
-            local want = expectations(b.text)
             if not want then return end
             local got = {}
             for line in out:gmatch("[^\n]+") do got[#got + 1] = line end

@@ -225,16 +225,17 @@ describe("attention with fp8 caches on the CPU against the reference", function(
     -- 1/16 off moves them by 2x the tolerance), so that a wrong scale can
     -- show (a draw of empty sequences outputs zeros whatever the scale: seed
     -- 7005000 drew one)
-    local exact, naive, tol
+    local exact, naive, tol, peak
     for _ = 1, 50 do
       local case = check.random_case(rng, { cache_dtype = "fp8_e4m3", dtype = "bf16", mode = "read",
         form = "kvcache", k_scale = 0.5, v_scale = 0.5, fp8_range = "normal" })
       inputs = check.build(case, rng)
       exact, naive = ref_run("f64"), ref_run("bf16")
       tol = ref.tolerance("bf16", ref.max_abs_diff(naive, exact))
-      if ref.max_abs_diff(exact, ref.tensor(exact.shape)) > 32 * tol then break end
+      peak = ref.max_abs_diff(exact, ref.tensor(exact.shape)) -- (max |out|)
+      if peak > 32 * tol then break end
     end
-    assert(ref.max_abs_diff(exact, ref.tensor(exact.shape)) > 32 * tol, "no case with outputs in 50 draws")
+    assert(peak > 32 * tol, "no case with outputs in 50 draws")
     assert.is_true(ref.max_abs_diff(naive, exact) <= tol)
     assert.is_true(ref.max_abs_diff(ref_run("f64", 0.25), exact) > 10 * tol)
     assert.is_true(ref.max_abs_diff(ref_run("f64", 0.5 * (1 + 2 ^ -4)), exact) > tol)

@@ -217,12 +217,12 @@ function M.episode(o)
     -- load indexed by keys from nested pairs() wrong here: it read all[1])
     for p = 0, pc and N - 1 or -1 do
       local held = pc.held[p]
-      for slot = 0, held and ps - 1 or -1 do
-        local tag = held[slot + 1]
-        local got = tag and all[(p * ps + slot) * tok + 1]
+      for slot = 1, held and ps or 0 do
+        local tag = held[slot]
+        local got = tag and all[(p * ps + slot - 1) * tok + 1]
         if got ~= tag then
           fail(string.format("cached page %d slot %d holds %s, %d when it was cached under %s (a cached page was written)",
-            p, slot, tostring(got), tag, tostring(pc.hash_of[p])))
+            p, slot - 1, tostring(got), tag, tostring(pc.hash_of[p])))
         end
       end
     end
@@ -940,9 +940,7 @@ function M.episode(o)
     if r and c:free_pages() < N / 5 and rng:uniform() < 0.6 then r = 0.55 + 0.2 * rng:uniform() end
     if not r then -- (a prefix cache operation ran)
     elseif #model == 0 or r < 0.08 then
-      local s = assert(c:sequence())
-      new_id(s.id)
-      model[#model + 1] = { seq = s, pages = {}, len = 0, tags = {} }
+      new_sequence()
       log[#log + 1] = "create"
       outcome("create", "ok")
     else
@@ -994,7 +992,7 @@ function M.episode(o)
       end
     end
     check_all()
-    if step % (tonumber(os.getenv("DBG_EVERY")) or 10) == 0 then check_data() end
+    if step % 10 == 0 then check_data() end
   end
   check_data()
   -- everything goes back
