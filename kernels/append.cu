@@ -32,7 +32,9 @@
  * FP8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
  * head, computed in double (the reciprocal once a head) and rounded once,
  * nearest even and saturating: the host's definition, so CPU and GPU write
- * the same bytes. They take the staged paths (a lane an element).
+ * the same bytes. New tokens take the 16-byte path where it allows (8
+ * elements a lane in, 8 bytes out), else the staged one (a lane an
+ * element).
  *
  * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16); PA_KV (optional, the caches':
  * PA_DTYPE, or fp8); tuning (A/Bs by PAGEDATTN_NVRTC_OPTIONS):
@@ -152,17 +154,20 @@ __device__ __forceinline__ double elem8(const uint4 &v, int i) {
 }
 
 /* 8 results of a row, put one at a time: rounded once to the dtype
- * (pa_store_f64's rounding) and stored as 16 bytes (a cache row), or as f32
- * (the rotated q copy: 32 bytes). */
-template <bool F32> struct out8;
-template <> struct out8<false> {
+ * (pa_store_f64's rounding) and stored as 16 bytes (OUT_DT: a 16-bit cache
+ * row), as f32 (OUT_F32: the rotated q copy, 32 bytes), or times the kv
+ * head's 1 / scale and rounded once to the fp8 cache (OUT_KV: 8 bytes; the
+ * staged path's fp8_store, so the same bytes). */
+enum { OUT_DT, OUT_F32, OUT_KV };
+template <int O> struct out8;
+template <> struct out8<OUT_DT> {
     u32 w[4];
     __device__ __forceinline__ void put(int i, double y) { E::store(&w[i >> 1], i & 1, pa_f64_to_f32_odd(y)); }
     __device__ __forceinline__ void flush(char *row, int e) const {
         *(uint4 *)(row + (i64)e * 2) = make_uint4(w[0], w[1], w[2], w[3]);
     }
 };
-template <> struct out8<true> {
+template <> struct out8<OUT_F32> {
     float f[8];
     __device__ __forceinline__ void put(int i, double y) { f[i] = (float)y; }
     __device__ __forceinline__ void flush(char *row, int e) const {
@@ -171,6 +176,22 @@ template <> struct out8<true> {
         *(float4 *)(o + 4) = make_float4(f[4], f[5], f[6], f[7]);
     }
 };
+template <> struct out8<OUT_KV> {
+    u32 w[2] = {0u, 0u};
+    double inv;
+    __device__ __forceinline__ void put(int i, double y) {
+        if constexpr (FP8) w[i >> 2] |= pa_f32_to_fp8<PA_KV>(pa_f64_to_f32_odd(__dmul_rn(y, inv))) << (8 * (i & 3));
+    }
+    __device__ __forceinline__ void flush(char *row, int e) const { *(uint2 *)(row + e) = make_uint2(w[0], w[1]); }
+};
+
+/* fp8: 1 / scale of kv head hk, in double (one correctly rounded division,
+ * as the host's) */
+__device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
+    const u64 per_head = is_k ? p.k_scales : p.v_scales;
+    const float s = per_head ? ((const float *)per_head)[hk] : (is_k ? p.k_scale : p.v_scale);
+    return 1.0 / (double)s;
+}
 
 /* Rotary chunks of a token's `heads` rows (rows8_pass's items) */
 __device__ __forceinline__ int rows8_items(const pa_append_params &p, int heads) {
@@ -195,10 +216,12 @@ __device__ __forceinline__ bool rows8_ok(const pa_append_params &p, int heads, u
  * 8 first-half elements and their 8 partners, or 8 past the rotary dim),
  * items u0 + lane + 32 k. load() issues the pass's 16-byte loads; store()
  * rotates (rotate_pair's arithmetic, one rounding) and stores them into dst
- * (the same rows: the cache slot, or the f32 copy of q). Apart, so that a
- * token's first loads go out before its destination and cos/sin are known. */
-template <bool F32, int K> struct rows8_pass {
-    int e[K], cc[K];
+ * (the same rows: the cache slot, or the f32 copy of q; out8<O> says how).
+ * Apart, so that a token's first loads go out before its destination and
+ * cos/sin are known. An fp8 cache (O = OUT_KV) scales each item by its
+ * head's 1 / scale, the head h0 + hd[k]. */
+template <int O, int K> struct rows8_pass {
+    int e[K], cc[K], hd[K];
     uint4 a[K], b[K];
     bool ok[K];
     __device__ __forceinline__ void load(const pa_append_params &p, const char *src, int heads, int u0, int lane) {
@@ -210,6 +233,7 @@ template <bool F32, int K> struct rows8_pass {
             const int u = u0 + lane + 32 * k, hh = u / per, c = u - hh * per;
             ok[k] = u < heads * per;
             cc[k] = c;
+            hd[k] = hh;
             e[k] = hh * D + (c < rot || p.interleaved ? 8 * c : rd + 8 * (c - rot));
             if (ok[k]) {
                 a[k] = *(const uint4 *)(src + (i64)e[k] * 2);
@@ -217,15 +241,16 @@ template <bool F32, int K> struct rows8_pass {
             }
         }
     }
-    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const double *cs,
-                                          const double *sn) const {
+    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const double *cs, const double *sn,
+                                          int h0 = 0) const {
         const int rd = p.rotary_dim, half = rd >> 1;
         const int rot = p.interleaved ? rd / 8 : half / 8;
 #pragma unroll
         for (int k = 0; k < K; k++) {
             if (!ok[k]) break;
             const int c = cc[k];
-            out8<F32> y;
+            out8<O> y;
+            if constexpr (O == OUT_KV) y.inv = inv_scale(p, true, h0 + hd[k]);
             if (c >= rot) { /* past the rotary dim: as it is */
 #pragma unroll
                 for (int i = 0; i < 8; i++) y.put(i, elem8(a[k], i));
@@ -240,7 +265,8 @@ template <bool F32, int K> struct rows8_pass {
                 }
                 y.flush(dst, e[k]);
             } else { /* j = 8 c + i: a[k] the first half's elements, b[k] their partners */
-                out8<F32> y1;
+                out8<O> y1;
+                if constexpr (O == OUT_KV) y1.inv = y.inv;
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     double r0, r1;
@@ -269,19 +295,35 @@ template <int K> struct copy8_pass {
         for (int k = 0; k < K; k++)
             if (u0 + lane + 32 * k < n) ((uint4 *)dst)[u0 + lane + 32 * k] = v[k];
     }
+    /* into an fp8 cache: 8 elements of a chunk times its head's (h0 + the
+     * chunk's head) 1 / scale, rounded once, 8 bytes a chunk */
+    __device__ __forceinline__ void store_kv(const pa_append_params &p, char *dst, int n, int u0, int lane, int h0,
+                                             bool is_k) const {
+        const int per = p.head_dim >> 3; /* chunks a head */
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int u = u0 + lane + 32 * k;
+            if (u >= n) break;
+            out8<OUT_KV> y;
+            y.inv = inv_scale(p, is_k, h0 + u / per);
+#pragma unroll
+            for (int i = 0; i < 8; i++) y.put(i, elem8(v[k], i));
+            y.flush(dst, 8 * u);
+        }
+    }
 };
 
 /* A token's `heads` rows at src (16-bit dtype) rotated into dst, pass by
  * pass; `first`: pass 0's loads, issued by the caller (its cos/sin staged
  * since). Where rows8_ok. */
-template <bool F32, int K>
+template <int O, int K>
 __device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const char *src, char *dst, int heads,
                                              const double *cs, const double *sn, int lane,
-                                             const rows8_pass<F32, K> &first) {
+                                             const rows8_pass<O, K> &first) {
     first.store(p, dst, cs, sn);
     const int n = rows8_items(p, heads);
     for (int u0 = 32 * K; u0 < n; u0 += 32 * K) {
-        rows8_pass<F32, K> r;
+        rows8_pass<O, K> r;
         r.load(p, src, heads, u0, lane);
         r.store(p, dst, cs, sn);
     }
@@ -349,7 +391,7 @@ __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, in
     const int nk = ROT ? rows8_items(p, nh) : nv;
     constexpr int KV = PA_APPEND_KV, KP = ROT ? KK : KV; /* v chunks and k items a lane a pass */
     const int passes = max((nk + 32 * KP - 1) / (32 * KP), (nv + 32 * KV - 1) / (32 * KV));
-    rows8_pass<false, ROT ? KK : 1> kr;
+    rows8_pass<FP8 ? OUT_KV : OUT_DT, ROT ? KK : 1> kr;
     copy8_pass<ROT ? 1 : KV> kc;
     copy8_pass<KV> vc;
     const char *ks = nullptr, *vs = nullptr;
@@ -387,28 +429,25 @@ __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, in
      * rotation */
     rot_row rr;
     if (ROT) rr.load(p, pos, lane);
-    const i64 dst = (page * p.page_stride + slot * p.row_stride + (i64)h0 * D) * 2;
+    const i64 dst = (page * p.page_stride + slot * p.row_stride + (i64)h0 * D) * (FP8 ? 1 : 2);
     char *kd = (char *)p.k_cache + dst, *vd = (char *)p.v_cache + dst;
-    vc.store(vd, nv, 0, lane);
+    auto store_v = [&](int j) {
+        if (FP8) vc.store_kv(p, vd, nv, j * 32 * KV, lane, h0, false);
+        else vc.store(vd, nv, j * 32 * KV, lane);
+    };
+    store_v(0);
     if (ROT) {
         rr.put(p, cs, sn, lane);
         __syncwarp();
     }
     for (int j = 0;;) {
-        if (ROT) kr.store(p, kd, cs, sn);
+        if (ROT) kr.store(p, kd, cs, sn, h0);
+        else if (FP8) kc.store_kv(p, kd, nv, j * 32 * KV, lane, h0, true);
         else kc.store(kd, nv, j * 32 * KV, lane);
         if (++j >= passes) break;
         load(j);
-        vc.store(vd, nv, j * 32 * KV, lane);
+        store_v(j);
     }
-}
-
-/* fp8: 1 / scale of kv head hk, in double (one correctly rounded division,
- * as the host's) */
-__device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
-    const u64 per_head = is_k ? p.k_scales : p.v_scales;
-    const float s = per_head ? ((const float *)per_head)[hk] : (is_k ? p.k_scale : p.v_scale);
-    return 1.0 / (double)s;
 }
 
 /* fp8: element e of a token's rows of kv heads h0 .. (D each) into the
@@ -423,7 +462,7 @@ struct fp8_store {
     int head = -1;
     double inv = 1.0;
     __device__ __forceinline__ void operator()(i64 e, double x) {
-        const int hh = (int)(e / p->head_dim);
+        const int hh = (int)e / p->head_dim; /* (e < a token's rows: 32 bits) */
         if (hh != head) {
             head = hh;
             inv = inv_scale(*p, is_k, h0 + hh);
@@ -461,7 +500,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
         /* this warp's heads h0 .. of the token's [kv_heads, D] rows, adjacent on both sides */
         int h0, nh;
         heads_of(p.kv_heads, h0, nh);
-        if (NEW8 && !FP8 && new8_ok(p, nh)) {
+        if (NEW8 && new8_ok(p, nh)) {
             if (p.rot_cos) append_new8<PA_APPEND_KV / 2, true>(p, n, b, h0, nh, cs, sn, lane);
             else append_new8<1, false>(p, n, b, h0, nh, cs, sn, lane);
             return;
@@ -501,7 +540,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
         const char *ks = (const char *)p.k_new + src * ESZ;
         char *kd = (char *)p.k_cache + dst * ESZ;
         if (rows8_ok(p, nh, (u64)ks, (u64)kd)) {
-            rows8_pass<false, 2> first;
+            rows8_pass<OUT_DT, 2> first;
             first.load(p, ks, nh, 0, lane);
             __syncwarp(); /* cos/sin staged */
             rotate_rows8(p, ks, kd, nh, cs, sn, lane, first);
@@ -521,7 +560,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
     float *out = (float *)p.q_rot + off;
     const char *qs = (const char *)p.q + off * ESZ;
     const bool r8 = rows8_ok(p, nh, (u64)qs, (u64)out);
-    rows8_pass<true, 2> first;
+    rows8_pass<OUT_F32, 2> first;
     if (r8) first.load(p, qs, nh, 0, lane);
     const int b = p.q_per_seq > 0 ? (int)(r / p.q_per_seq)
                                   : pa_warp_upper_index(p.batch, r, lane, [&](int i) { return meta[i].q_start; });

@@ -64,45 +64,79 @@ describe("#gpu fp8 caches on CUDA", function()
       assert.is_nil(first_diff(ra:to_table(), rb:to_table()))
     end)
 
+    -- entry: the kernel entry the plan must name. pa_append_new8 (8 elements
+    -- a lane) takes new rows without rotary always, with rotary when a warp
+    -- has 32 chunks or more (many tokens, so a warp a token: 2 x 2200 new
+    -- rows and as many q rows); else pa_append, a lane an element.
     it("#gpu " .. fmt .. " append (rotated, scaled, rounded) writes the CPU's bytes", function()
-      for i, cfg in ipairs({ { rot = true, il = true, per_head = false }, { rot = true, il = false, per_head = true },
-                             { rot = false, per_head = true }, { rot = true, il = true, per_head = true, big = true } }) do
+      local small = { B = 3, S = 5, Hk = 2, D = 64, seqlens = { 0, 7, 11 } }
+      local long = { B = 2, S = 2200, seqlens = { 0, 13 } }
+      local function cfg(base, t)
+        for key, val in pairs(base) do if t[key] == nil then t[key] = val end end
+        return t
+      end
+      for i, c in ipairs({ cfg(small, { rot = true, il = true, per_head = false, entry = "pa_append " }),
+                           cfg(small, { rot = true, il = false, per_head = true, entry = "pa_append " }),
+                           cfg(small, { rot = false, per_head = true, entry = "pa_append_new8" }),
+                           cfg(small, { rot = true, il = true, per_head = true, big = true, entry = "pa_append " }),
+                           cfg(long, { rot = true, il = true, per_head = false, Hk = 4, D = 64, entry = "pa_append_new8" }),
+                           cfg(long, { rot = true, il = false, per_head = true, big = true, Hk = 8, D = 64, rd = 32,
+                             entry = "pa_append_new8" }),
+                           cfg(long, { rot = false, per_head = true, Hk = 2, D = 128, entry = "pa_append_new8" }) }) do
         local rng = H.rng("gpu fp8 append " .. fmt, i)
-        local B, S, Hk, D, page = 3, 5, 2, 64, 16
+        local B, S, Hk, D, page = c.B, c.S, c.Hk, c.D, 16
+        -- each sequence's pages, in a shuffled order of the pool's
+        local per_seq = math.ceil((S + c.seqlens[B]) / page)
+        local order = {}
+        for j = 1, B * per_seq do order[j] = j - 1 end
+        for j = #order, 2, -1 do
+          local r = rng:int(1, j)
+          order[j], order[r] = order[r], order[j]
+        end
+        local bt = {}
+        for b = 1, B do
+          bt[b] = {}
+          for j = 1, per_seq do bt[b][j] = order[(b - 1) * per_seq + j] end
+        end
+        local k_scale, v_scale = 0.25, 1
+        if c.per_head then
+          k_scale, v_scale = {}, {}
+          for h = 1, Hk do k_scale[h], v_scale[h] = 2 ^ rng:int(-3, 2), 2 ^ rng:int(-3, 1) * 1.5 end
+        end
         local caches = {}
         for _, d in ipairs({ dev, cpu }) do
-          local kc = assert(pa.tensor({ 8, page, Hk, D }, fmt, d))
-          local vc = assert(pa.tensor({ 8, page, Hk, D }, fmt, d))
-          local mult = cfg.big and (fmt == "fp8_e4m3" and 300 or 40000) or 1
+          local kc = assert(pa.tensor({ B * per_seq, page, Hk, D }, fmt, d))
+          local vc = assert(pa.tensor({ B * per_seq, page, Hk, D }, fmt, d))
+          local mult = c.big and (fmt == "fp8_e4m3" and 300 or 40000) or 1
           local k = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 1))
           local v = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 2))
           if mult ~= 1 then
             k = assert(pa.from_table((function(t) for j = 1, #t do t[j] = t[j] * mult end return t end)(k:to_table()),
               k.shape, "bf16", d))
           end
-          local q = assert(pa.randn({ B, S, 4, D }, "bf16", d, 3))
-          local opts = { k = k, v = v, cache_seqlens = { 0, 7, 11 }, block_table = { { 0, 1 }, { 2, 3 }, { 5, 4 } },
-            causal = true, k_scale = cfg.per_head and { 0.5, 3 } or 0.25, v_scale = cfg.per_head and { 2, 0.125 } or 1 }
-          if cfg.rot then
-            local n, half, cs, sn = 32, D / 2, {}, {}
+          local q = assert(pa.randn({ B, S, 2 * Hk, D }, "bf16", d, 3))
+          local opts = { k = k, v = v, cache_seqlens = c.seqlens, block_table = bt, causal = true,
+            k_scale = k_scale, v_scale = v_scale }
+          if c.rot then
+            local n, half, cs, sn = S + c.seqlens[B], (c.rd or D) / 2, {}, {}
             for pos = 0, n - 1 do
               for j = 0, half - 1 do
-                local th = pos * 10000 ^ (-2 * j / D)
+                local th = pos * 10000 ^ (-2 * j / (c.rd or D))
                 cs[pos * half + j + 1], sn[pos * half + j + 1] = math.cos(th), math.sin(th)
               end
             end
             opts.rotary_cos = assert(pa.from_table(cs, { n, half }, "bf16", d))
             opts.rotary_sin = assert(pa.from_table(sn, { n, half }, "bf16", d))
-            opts.rotary_interleaved = cfg.il
+            opts.rotary_interleaved = c.il
           end
           assert(pa.attention_with_kvcache(q, kc, vc, opts))
-          if d == dev then G.expect_plan(dev, "the fp8 append", "append dtype=bf16 kv=" .. fmt .. " | pa_append ") end
+          if d == dev then G.expect_plan(dev, "the fp8 append", "append dtype=bf16 kv=" .. fmt .. " | " .. c.entry) end
           caches[#caches + 1] = { kc:to_table(), vc:to_table() }
         end
         local at = first_diff(caches[1][1], caches[2][1])
-        assert(not at, string.format("k_cache element %s: %s on %s, %s on the CPU", tostring(at),
+        assert(not at, string.format("case %d: k_cache element %s: %s on %s, %s on the CPU", i, tostring(at),
           tostring(at and caches[1][1][at]), dev.name, tostring(at and caches[2][1][at])))
-        assert.is_nil(first_diff(caches[1][2], caches[2][2]), "v_cache")
+        assert.is_nil(first_diff(caches[1][2], caches[2][2]), "case " .. i .. ": v_cache")
       end
     end)
 

@@ -483,7 +483,12 @@ static void choice_checks(void) {
     c.p.total_new = 64;
     c.p.k_new = c.p.v_new = (void *)(uintptr_t)0x200000;
     plan_of("decode fp8 e4m3 with an append", &c, &H100, NULL, &plan);
-    EXPECT(plan.append && !plan.append_new8, "the fp8 append takes pa_append");
+    EXPECT(plan.append && plan.append_new8, "the fp8 append (no rotary) takes pa_append_new8");
+    pa_cuda_plan_free(&plan);
+    c.p.k_new = c.p.v_new = (void *)(uintptr_t)0x200008;
+    plan_of("decode fp8 e4m3 with an append from rows 8-byte aligned", &c, &H100, NULL, &plan);
+    EXPECT(plan.append && !plan.append_new8, "the fp8 append from rows not 16-byte aligned takes pa_append");
+    c.p.k_new = c.p.v_new = (void *)(uintptr_t)0x200000;
     pa_cuda_plan_free(&plan);
     c.p.cache_dtype = PA_BF16;
     plan_of("decode bf16 with an append", &c, &H100, NULL, &plan);

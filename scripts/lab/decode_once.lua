@@ -9,9 +9,9 @@ local sweep = require "pagedattn.sweep"
 local dev = assert(pa.device())
 local B, L = tonumber(arg[1]) or 1024, tonumber(arg[2]) or 64
 local HK, H, D = 8, 32, 128
-local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, 16, "bf16")
+local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, 16, arg[3] or "bf16")
 local q = assert(pa.randn({ B, 1, H, D }, "bf16", dev, 3))
 local opts = { block_table = bt, cache_seqlens = L }
 for _ = 1, 3 do assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
 dev:synchronize()
-print(string.format("decode_once: %d x %d keys, done", B, L))
+print(string.format("decode_once: %d x %d keys (%s caches), done", B, L, arg[3] or "bf16"))

@@ -142,7 +142,6 @@ static bool append_new8(const pa_attn_problem *p, int per) {
     const int D = p->head_dim, rd = p->rotary_dim, il = p->rotary_interleaved;
     const uintptr_t bases = (uintptr_t)p->k_new | (uintptr_t)p->v_new | (uintptr_t)p->k_cache | (uintptr_t)p->v_cache;
     if (p->total_new <= 0 || p->dtype == PA_F32 || D % 8 != 0 || (bases & 15) != 0) return false;
-    if (pa_dtype_is_fp8(p->cache_dtype)) return false; /* (its new8 path copies 16-bit rows) */
     if (!p->rotary_cos) return true;
     return PA_APPEND_ROWS8_RD(rd, il) && PA_APPEND_ROWS8_ITEMS(per, D, rd, il) >= PA_APPEND_ROWS8_MIN;
 }
