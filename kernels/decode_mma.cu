@@ -54,11 +54,25 @@
  * the caches' dtype, PA_DTYPE or an fp8 one (head dims 64 and 128).
  *
  * FP8 caches (PA_KV fp8): the stages hold the cache's bytes (half the
- * copies of a 16-bit cache), and each warp converts its KPW K and V rows of
- * a stage into a shared-memory area of its own, in the input type and the
- * layout the 16-bit stages have, right after the stage lands; the MMAs read
- * them there, unchanged. Every fp8 value is exact in f16 and bf16. A key's
- * scale goes into q's (qk_scale), a value's into the output.
+ * copies of a 16-bit cache), and the MMAs' K and V fragments are converted
+ * in registers, right after their ldmatrix from the fp8 rows (every fp8
+ * value is exact in f16 and bf16). ldmatrix moves 16-bit elements, that is
+ * fp8 pairs, so two dimensions are permuted, each where it costs least:
+ *   Q K^T: a lane's K fragment holds bytes 4t .. 4t + 3 of a row (t = lane %
+ *   4), dims 4t, 4t + 1 where the MMA wants 2t, 2t + 1 and 4t + 2, 4t + 3
+ *   where it wants 2t + 8, 2t + 9; q's fragments are permuted the same way
+ *   once a unit (permute_q: the dot product is the same sum);
+ *   P V: a transposed fp8 matrix gives a lane keys 2t, 2t + 1 of dims 2g,
+ *   2g + 1 (g = lane / 4), a byte permute makes them the B fragments of two
+ *   8-dim tiles, one of the even dims of 16, one of the odd; so a lane's
+ *   accumulators hold dims 16c + 4t .. 16c + 4t + 3 of each 16 (in o[2c][0],
+ *   o[2c + 1][0], o[2c][1], o[2c + 1][1]), which the epilogue stores where
+ *   they belong.
+ * The stage's rows are swizzled for ldmatrix (fp8_chunk_at). A key's scale
+ * goes into q's (qk_scale), a value's into the output. (Before: each warp
+ * converted its rows of a stage into a 16-bit copy in shared memory for the
+ * 16-bit fragment code: three more bytes of shared-memory traffic per byte
+ * of cache, 0.57-0.63 of the read rate at 64 x 4096 keys on an H100.)
  */
 #ifndef PA_EMBED_ONLY
 #include "attn_common.cuh"
@@ -82,6 +96,9 @@ extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP}
 
 /* The byte offset of 16-byte chunk c in row r of a shared memory tile */
 PA_DEV int chunk_at(int r, int c) { return (SWZ ? (c ^ (r & 7)) : c) * 16; }
+/* ... and in row r of an fp8 stage: 8 chunks a row (D 128) or 4 (D 64, two
+ * rows a 128-byte line) */
+PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) * 16; }
 
 /* c += a b: m16n8k8 (the P V product: k = 8 keys) */
 PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
@@ -286,8 +303,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             const u8 *gk = (const u8 *)p.k_cache + src, *gv = (const u8 *)p.v_cache + src;
             /* chunks cp_sub + LINE h: at 16 keys per warp LINE is 8, so the
              * swizzle moves only the low 3 bits (cp_sub), h stays an immediate
-             * (fp8 stages: no swizzle) */
-            u8 *sk = sbase + row * GSTRIDE + (FP8 ? cp_sub * 16 : chunk_at(row, cp_sub)), *sv = sk + R * GSTRIDE;
+             * (fp8: h is 0) */
+            u8 *sk = sbase + row * GSTRIDE + (FP8 ? fp8_chunk_at(row, cp_sub) : chunk_at(row, cp_sub)), *sv = sk + R * GSTRIDE;
 #pragma unroll
             for (int h = 0; h < GCPR / LINE; h++) {
                 pa_cp_async16(sk + h * LINE * 16, gk + h * LINE * 16, ok);
@@ -344,24 +361,35 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
 
     const int g = lane >> 2, t4 = lane & 3;
-    /* (fp8) This warp's K and V rows of stage G into its area of s_conv, in
-     * the input type, in the layout of a 16-bit stage's rows: a lane takes 8
-     * elements of a row at a time (an 8-byte load, a 16-byte store; the 16
-     * lanes of a row write its chunks whole: no bank conflicts) */
-    auto convert_rows = [&](int G) {
-        const u8 *src = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * GSTRIDE;
-        u8 *dst = s_conv + warp * 2 * KPW * RSTRIDE;
+    /* (fp8) q's fragment a (m16n8k16's A: a[0], a[2] row g dims 2t.., 2t + 8..;
+     * a[1], a[3] row g + 8) with its dims permuted as an fp8 K fragment's
+     * are (the header): a[0] takes dims 4t, 4t + 1 (pair 2t), a[2] dims 4t + 2,
+     * 4t + 3 (pair 2t + 1); pair P sits in lane P % 4's a[0] (P < 4) or a[2] */
+    auto permute_q = [&](u32 (&a)[4]) {
+        const int base = lane & ~3, s0 = base + ((2 * t4) & 3), s1 = base + ((2 * t4 + 1) & 3);
+        const bool hi = t4 >= 2;
 #pragma unroll
-        for (int e = lane; e < 2 * KPW * CPR; e += 32) {
-            const int rr = e / CPR, c = e - rr * CPR; /* K rows, then V rows; c: 8 elements */
-            const bool is_v = rr >= KPW;
-            const int r = is_v ? rr - KPW : rr;
-            const uint2 x = *(const uint2 *)(src + (is_v ? R * GSTRIDE : 0) + r * GSTRIDE + c * 8);
-            uint4 y;
-            pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.x, y.x, y.y);
-            pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.y, y.z, y.w);
-            *(uint4 *)(dst + (is_v ? KPW * RSTRIDE : 0) + r * RSTRIDE + chunk_at(r, c)) = y;
+        for (int r = 0; r < 2; r++) { /* rows g (a[0], a[2]) and g + 8 (a[1], a[3]) */
+            const u32 x0 = __shfl_sync(0xffffffffu, a[r], s0), y0 = __shfl_sync(0xffffffffu, a[r + 2], s0);
+            const u32 x1 = __shfl_sync(0xffffffffu, a[r], s1), y1 = __shfl_sync(0xffffffffu, a[r + 2], s1);
+            a[r] = hi ? y0 : x0;
+            a[r + 2] = hi ? y1 : x1;
         }
+    };
+    /* (fp8) K fragments b[0..3] of keys n * 8 .. + 7 (ldmatrix row kr =
+     * lane % 8), dims 32 kk .. 32 kk + 31 permuted (the header): two fp8
+     * chunks (lanes 0-7 and 8-15 give their rows), converted */
+    auto fp8_kfrag = [&](const u8 *sk, int kk, int n, u32 (&b)[4]) {
+        const int kr = lane & 7, kc = (lane >> 3) & 1;
+        u32 r[2];
+        ldmatrix_x2(r, sk + (n * 8 + kr) * GSTRIDE + fp8_chunk_at(kr, 2 * kk + kc));
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(r[0], b[0], b[1]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(r[1], b[2], b[3]);
+    };
+    /* (fp8) a transposed fp8 matrix's register (keys 2t, 2t + 1 of dims 2g,
+     * 2g + 1) as B fragments: e of the even dims' tile, od of the odd */
+    auto fp8_vfrag = [&](u32 x, u32 &e, u32 &od) {
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(__byte_perm(x, 0u, 0x3120), e, od);
     };
     /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
      * rows repeating them: masked, but finite) */
@@ -374,6 +402,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             const int mi = lane >> 3;
             const int r = q_row((lane & 7) + 8 * (mi & 1));
             ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
+            if constexpr (FP8) permute_q(qa[ks]);
         }
     };
     for (bool first = true;; first = false) {
@@ -497,12 +526,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             };
             if (!LATE) copies_ahead();
 
-            if constexpr (FP8) {
-                convert_rows(G);
-                __syncwarp(); /* (the stage-top barrier ordered the last stage's reads of the area) */
-            }
-            const u8 *sk = FP8 ? s_conv + warp * 2 * KPW * RSTRIDE : s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * RSTRIDE;
-            const u8 *sv = sk + (FP8 ? KPW : R) * RSTRIDE;
+            const u8 *sk = s_kv + (G % PA_STAGES) * KV_STAGE + warp * KPW * GSTRIDE;
+            const u8 *sv = sk + R * GSTRIDE;
             const int kr = lane & 7, kc = lane >> 3; /* ldmatrix: this lane's row (of 8) and chunk (of 4) */
             /* S = Q K^T for this warp's KPW keys, NT tiles of 8; two accumulators
              * per tile: two dependent MMA chains of half the length */
@@ -519,8 +544,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                 for (int kk = 0; kk < D / 32; kk++)
 #pragma unroll
-                    for (int n = 0; n < NT; n++)
-                        ldmatrix_x4(kf[kk][n], sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                    for (int n = 0; n < NT; n++) {
+                        if constexpr (FP8) fp8_kfrag(sk, kk, n, kf[kk][n]);
+                        else ldmatrix_x4(kf[kk][n], sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                    }
 #pragma unroll
                 for (int kk = 0; kk < D / 32; kk++)
 #pragma unroll
@@ -534,7 +561,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         u32 b[4];
-                        ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                        if constexpr (FP8) fp8_kfrag(sk, kk, n, b);
+                        else ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
                         mma16816(s[n], qa[2 * kk], b[0], b[1]);
                         mma16816(s2[n], qa[2 * kk + 1], b[2], b[3]);
                     }
@@ -542,12 +570,14 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             }
             /* VPRE: V's fragments before the softmax, so that they are there
              * when P is (the loads need no result of it; unused elsewhere) */
-            u32 vf[D / 16][4];
+            u32 vf[D / 16][4]; /* (fp8: the first D / 32, raw) */
             if constexpr (VPRE) {
                 const int vr = kr + 8 * (kc & 1);
 #pragma unroll
-                for (int dq = 0; dq < D / 16; dq++)
-                    ldmatrix_x4_trans(vf[dq], sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
+                for (int dq = 0; dq < (FP8 ? D / 32 : D / 16); dq++) {
+                    if constexpr (FP8) ldmatrix_x4_trans(vf[dq], sv + vr * GSTRIDE + fp8_chunk_at(vr, dq * 2 + (kc >> 1)));
+                    else ldmatrix_x4_trans(vf[dq], sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
+                }
             }
             if (p.q_f32) { /* the residual of the rounded q (block-uniform) */
 #pragma unroll
@@ -555,12 +585,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     u32 a[2][4];
                     const int mi = lane >> 3, r = 16 + q_row((lane & 7) + 8 * (mi & 1));
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++) {
                         ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
+                        if constexpr (FP8) permute_q(a[h]);
+                    }
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         u32 b[4];
-                        ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
+                        if constexpr (FP8) fp8_kfrag(sk, kk, n, b);
+                        else ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
                         mma16816(s[n], a[0], b[0], b[1]);
                         mma16816(s2[n], a[1], b[2], b[3]);
                     }
@@ -628,9 +661,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                 for (int dq = 0; dq < D / 32; dq++) {
                     u32 b[4];
-                    ldmatrix_x4_trans(b, sv + kr * RSTRIDE + chunk_at(kr, dq * 4 + kc));
+                    if constexpr (FP8) {
+                        if (dq >= D / 64) break; /* (fp8: a chunk is 16 dims, four chunks an ldmatrix) */
+                        ldmatrix_x4_trans(b, sv + kr * GSTRIDE + fp8_chunk_at(kr, dq * 4 + kc));
 #pragma unroll
-                    for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], a, b[i]);
+                        for (int i = 0; i < 4; i++) { /* chunk c = 4 dq + i: tiles 2c (even dims), 2c + 1 */
+                            u32 e, od;
+                            fp8_vfrag(b[i], e, od);
+                            mma1688(o[8 * dq + 2 * i], a, e);
+                            mma1688(o[8 * dq + 2 * i + 1], a, od);
+                        }
+                    } else {
+                        ldmatrix_x4_trans(b, sv + kr * RSTRIDE + chunk_at(kr, dq * 4 + kc));
+#pragma unroll
+                        for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], a, b[i]);
+                    }
                 }
             } else {
                 /* O += P V (k = 16 keys): two 8-dim tiles per ldmatrix.trans
@@ -640,6 +685,26 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                 for (int dq = 0; dq < D / 16; dq++) {
                     u32 b[4];
+                    if constexpr (FP8) {
+                        /* chunks 2 dq, 2 dq + 1 (32 dims): b[2h] keys 0-7, b[2h + 1]
+                         * keys 8-15 of chunk c = 2 dq + h: tiles 2c (even dims), 2c + 1 */
+                        if (dq >= D / 32) break;
+                        if constexpr (VPRE) {
+#pragma unroll
+                            for (int i = 0; i < 4; i++) b[i] = vf[dq][i];
+                        } else {
+                            ldmatrix_x4_trans(b, sv + vr * GSTRIDE + fp8_chunk_at(vr, dq * 2 + (kc >> 1)));
+                        }
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            u32 e0, od0, e1, od1;
+                            fp8_vfrag(b[2 * h], e0, od0);
+                            fp8_vfrag(b[2 * h + 1], e1, od1);
+                            mma16816(o[4 * dq + 2 * h], a, e0, e1);
+                            mma16816(o[4 * dq + 2 * h + 1], a, od0, od1);
+                        }
+                        continue;
+                    }
                     if constexpr (VPRE) {
                         b[0] = vf[dq][0];
                         b[1] = vf[dq][1];
@@ -673,6 +738,20 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const float inv = 1.f / l0; /* (inf where none: unused) */
 #pragma unroll
                 for (int n = 0; n < D / 8; n++) {
+                    if constexpr (FP8) {
+                        /* dims 16c + 4t .. + 3 of chunk c = n / 2 (the header), at the even n */
+                        if (n & 1) continue;
+                        const float sc = none ? 0.f : inv * vscale;
+                        const float x[4] = {o[n][0] * sc, o[n + 1][0] * sc, o[n][1] * sc, o[n + 1][1] * sc};
+                        const i64 at = dst - 2 * t4 + 8 * n + 4 * t4;
+                        if ((p.out & 7) == 0) {
+                            *(uint2 *)((u16 *)p.out + at) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
+                        } else {
+#pragma unroll
+                            for (int i = 0; i < 4; i++) pa_elem<PA_DTYPE>::store((void *)p.out, at + i, x[i]);
+                        }
+                        continue;
+                    }
                     float a = none ? 0.f : o[n][0] * inv, b = none ? 0.f : o[n][1] * inv;
                     if (FP8) {
                         a *= vscale;
@@ -714,6 +793,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         /* (only the ROWS real rows of the 16: at ROWS 4, a quarter of the stores) */
 #pragma unroll
         for (int n = 0; n < D / 8; n++) {
+            if constexpr (FP8) { /* dims 16c + 4t .. + 3 of chunk c = n / 2 (the header), at the even n */
+                if (n & 1) continue;
+                const int col = n * 8 + 4 * t4;
+                if (g < ROWS)
+                    *(float4 *)(sm_o + (warp * 16 + g) * D + col) = make_float4(o[n][0], o[n + 1][0], o[n][1], o[n + 1][1]);
+                if (g + 8 < ROWS)
+                    *(float4 *)(sm_o + (warp * 16 + g + 8) * D + col) =
+                        make_float4(o[n][2], o[n + 1][2], o[n][3], o[n + 1][3]);
+                continue;
+            }
             const int col = n * 8 + 2 * t4;
             if (g < ROWS) *(float2 *)(sm_o + (warp * 16 + g) * D + col) = make_float2(o[n][0], o[n][1]);
             if (g + 8 < ROWS) *(float2 *)(sm_o + (warp * 16 + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);

@@ -32,8 +32,9 @@ constexpr int GCPR = GROWB / 16;        /* copied 16-byte chunks per row */
  * row r at c ^ (r % 8) */
 constexpr bool SWZ = KPW == 16;
 constexpr int RSTRIDE = SWZ ? ROWB : ROWB + 16;
-/* a stage's rows: as above, or fp8 rows unpadded (each warp reads its rows
- * whole, 8 bytes a lane, when it converts them: no bank conflicts) */
+/* a stage's rows: as above, or fp8 rows unpadded, chunk c of row r at
+ * fp8_chunk_at(r, c) (decode_mma.cu): eight rows' chunk c in eight
+ * different 16-byte bank groups, as ldmatrix wants */
 constexpr int GSTRIDE = FP8 ? GROWB : RSTRIDE;
 constexpr int LINE = GCPR % 8 == 0 ? 8 : 4; /* chunks a lane group copies per instruction */
 constexpr int GROUPS = NTHREADS / LINE; /* lane groups of the block */
@@ -45,9 +46,8 @@ constexpr int PAGES_BYTES = PA_PAGE == -1 ? 0 : NSLOT * PA_MAXP * 4;
 constexpr int ROWOFF_BYTES = 2 * R * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
 constexpr int MERGE_BYTES = NWARPS * 16 * D * 4; /* the warps' o; their (m, l) in static shared memory */
-/* fp8: each warp's K and V rows of the current stage in the input type (its
- * KPW rows of each); the warps' merge goes there too */
-constexpr int CONV_BYTES = FP8 ? pa_cmax(NWARPS * 2 * KPW * RSTRIDE, MERGE_BYTES) : 0;
+/* fp8: the warps' merge (an fp8 stage is too small for it) */
+constexpr int CONV_BYTES = FP8 ? MERGE_BYTES : 0;
 constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES + CONV_BYTES;
 constexpr int SMEM = KV_OFF + (PERSIST || HW || FP8 ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
 
@@ -56,6 +56,7 @@ static_assert(D % 32 == 0 && D >= 32 && D <= 128, "head dim");
 static_assert(ROWS >= 1 && ROWS <= 16, "rows per block");
 static_assert(KPW == 8 || (KPW == 16 && CPR % 8 == 0), "keys per warp: 8, or 16 at head dims 64 and 128");
 static_assert(GCPR % LINE == 0 && R % GROUPS == 0, "copy mapping");
+static_assert(!FP8 || GCPR == LINE, "fp8 rows: one piece a lane group (the swizzle moves whole pieces)");
 static_assert(PA_KV == PA_DTYPE || (FP8 && D % 64 == 0), "caches: the input type, or fp8 at head dims 64 and 128");
 static_assert(!HW || NWARPS * ROWS <= 32, "a warp a head tile: every Q in 32 rows");
 /* rows of s_q that load_q fills: the tiles' Q (HW: four tiles of ROWS rows;

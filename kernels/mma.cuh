@@ -26,7 +26,11 @@ PA_DEV void ldsm_x4_trans(u32 (&r)[4], u32 addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+PA_DEV void ldsm_x2(u32 (&r)[2], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
 PA_DEV void ldmatrix_x4(u32 (&r)[4], const void *smem) { ldsm_x4(r, pa_smem_addr(smem)); }
+PA_DEV void ldmatrix_x2(u32 (&r)[2], const void *smem) { ldsm_x2(r, pa_smem_addr(smem)); }
 PA_DEV void ldmatrix_x4_trans(u32 (&r)[4], const void *smem) { ldsm_x4_trans(r, pa_smem_addr(smem)); }
 /* c += a b: m16n8k16, A row-major 16x16, B "col" 16x8 (8 columns of 16), f32 */
 PA_DEV void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {

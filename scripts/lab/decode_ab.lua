@@ -6,7 +6,8 @@
 -- WORKLOADS: B x L, comma separated (default 256x1024,128x2048,64x4096);
 -- a "+" joins two into one batch (64x4096+512x64); a suffix "/s" makes the
 -- pages sequential, "/u" the cache unpaged (else page 16 in random order).
--- ROUNDS: default 3. Each round runs every workload under every config in
+-- ROUNDS: default 3. PAGEDATTN_AB_KV: the caches' dtype (default bf16, as
+-- q; fp8_e4m3, fp8_e5m2). Each round runs every workload under every config in
 -- turn: 0.05 s of untimed calls, then the median of 15 timed calls (device
 -- events around the call's kernels) with 1 ms of sleep after each (calls
 -- back to back drove some boards to their power limit: 250 -> 275 us over
@@ -34,6 +35,7 @@ local C, ctx = core.C, core.ctx
 local gpu = dev.kind == "cuda"
 local secs = ffi.new("double[1]")
 local H, HK, D, DT = 32, 8, 128, "bf16"
+local KV = os.getenv("PAGEDATTN_AB_KV")
 
 local configs = require("pagedattn.tuning").parse_configs(cfg_arg)
 
@@ -42,7 +44,7 @@ local configs = require("pagedattn.tuning").parse_configs(cfg_arg)
 local function make_workload(name)
   local spec, mode = name:match("^([%dx+]+)/?(%a?)$")
   assert(spec, "decode_ab: a workload is BxL[+BxL][/s|/u]: '" .. name .. "'")
-  local call, out = sweep.decode_batch(pa, dev, spec, { H = H, Hk = HK, D = D, dtype = DT,
+  local call, out = sweep.decode_batch(pa, dev, spec, { H = H, Hk = HK, D = D, dtype = DT, kv_dtype = KV,
     page = mode == "u" and 0 or 16, order = mode == "s" and "sequential" or nil })
   return { name = name, out = out, call = call }
 end
