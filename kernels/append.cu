@@ -153,6 +153,24 @@ __device__ __forceinline__ double elem8(const uint4 &v, int i) {
     return (double)E::load(&w, i & 1);
 }
 
+/* Two floats as fp8 bytes (a the low byte), pa_f32_to_fp8's rounding: from
+ * sm_89 the hardware's conversion (nearest even, saturating; it makes every
+ * NaN a positive one, so a NaN keeps its sign here as the host's code does),
+ * else the integer code. */
+template <int DT> __device__ __forceinline__ u32 pa_f32x2_to_fp8x2(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short h;
+    if constexpr (DT == PA_DT_FP8_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(b), "f"(a));
+    else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(b), "f"(a));
+    u32 r = h;
+    if (a != a) r = (r & 0xff00u) | pa_f32_to_fp8<DT>(a);
+    if (b != b) r = (r & 0x00ffu) | (pa_f32_to_fp8<DT>(b) << 8);
+    return r;
+#else
+    return pa_f32_to_fp8<DT>(a) | (pa_f32_to_fp8<DT>(b) << 8);
+#endif
+}
+
 /* 8 results of a row, put one at a time: rounded once to the dtype
  * (pa_store_f64's rounding) and stored as 16 bytes (OUT_DT: a 16-bit cache
  * row), as f32 (OUT_F32: the rotated q copy, 32 bytes), or times the kv
@@ -177,12 +195,19 @@ template <> struct out8<OUT_F32> {
     }
 };
 template <> struct out8<OUT_KV> {
-    u32 w[2] = {0u, 0u};
+    float f[8];
     double inv;
-    __device__ __forceinline__ void put(int i, double y) {
-        if constexpr (FP8) w[i >> 2] |= pa_f32_to_fp8<PA_KV>(pa_f64_to_f32_odd(__dmul_rn(y, inv))) << (8 * (i & 3));
+    __device__ __forceinline__ void put(int i, double y) { f[i] = pa_f64_to_f32_odd(__dmul_rn(y, inv)); }
+    __device__ __forceinline__ void flush(char *row, int e) const {
+        if constexpr (FP8) {
+            u32 w[2];
+#pragma unroll
+            for (int k = 0; k < 2; k++)
+                w[k] = pa_f32x2_to_fp8x2<PA_KV>(f[4 * k], f[4 * k + 1]) |
+                       (pa_f32x2_to_fp8x2<PA_KV>(f[4 * k + 2], f[4 * k + 3]) << 16);
+            *(uint2 *)(row + e) = make_uint2(w[0], w[1]);
+        }
     }
-    __device__ __forceinline__ void flush(char *row, int e) const { *(uint2 *)(row + e) = make_uint2(w[0], w[1]); }
 };
 
 /* fp8: 1 / scale of kv head hk, in double (one correctly rounded division,
@@ -190,7 +215,7 @@ template <> struct out8<OUT_KV> {
 __device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
     const u64 per_head = is_k ? p.k_scales : p.v_scales;
     const float s = per_head ? ((const float *)per_head)[hk] : (is_k ? p.k_scale : p.v_scale);
-    return 1.0 / (double)s;
+    return __drcp_rn((double)s); /* (correctly rounded: 1.0 / s, without a division's slow path) */
 }
 
 /* Rotary chunks of a token's `heads` rows (rows8_pass's items) */
@@ -573,6 +598,41 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
         return;
     }
     rotate_rows(p, (const void *)p.q, off, nh, x, cs, sn, lane, [&](i64 e, double v) { out[e] = (float)v; });
+}
+
+/* The keys of block-table entry (b, j) = blockIdx.x's, widened from fp8
+ * (pa_dequant_params), zeros past the sequence's last key (the entries past
+ * its pages are not read): 8 elements a thread at a time, an 8-byte load, each
+ * times its kv head's scale in double (exact) and rounded once, a 16-byte
+ * store. Only in the fp8 modules of a 16-bit q (elsewhere: nothing). */
+extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_params p) {
+    if constexpr (FP8 && ESZ == 2) {
+        const int b = (int)(blockIdx.x / (unsigned)p.width), j = (int)(blockIdx.x - (unsigned)b * (unsigned)p.width);
+        const int keys = max(0, min(((const int *)p.seqlen)[b] - j * p.page_size, p.page_size));
+        const i64 dst = (i64)blockIdx.x * p.page_stride;
+        const int per = p.head_dim >> 3, row = p.kv_heads * per; /* chunks a head, a key */
+        const int n = keys * row, all = p.page_size * row;
+        /* the slots past the sequence's last key: zeros, not what the scratch
+         * held (a kernel may load them with a tile; masked, but 0 * NaN is NaN) */
+        for (int c = n + threadIdx.x; c < all; c += blockDim.x) {
+            *(uint4 *)((char *)p.k_out + (dst + 8 * (i64)c) * 2) = make_uint4(0u, 0u, 0u, 0u);
+            *(uint4 *)((char *)p.v_out + (dst + 8 * (i64)c) * 2) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (n == 0) return;
+        const i64 src = (i64)((const int *)p.block_table)[(i64)b * p.bt_stride + j] * p.page_stride;
+        for (int c = threadIdx.x; c < 2 * n; c += blockDim.x) {
+            const bool is_v = c >= n;
+            const int cc = is_v ? c - n : c, hk = (cc % row) / per;
+            const u64 sc = is_v ? p.v_scales : p.k_scales;
+            const double s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
+            float x[8];
+            pa_load8<PA_KV>((const u8 *)(is_v ? p.v_cache : p.k_cache) + src + 8 * (i64)cc, x);
+            u32 w[4];
+#pragma unroll
+            for (int i = 0; i < 8; i++) E::store(&w[i >> 1], i & 1, pa_f64_to_f32_odd((double)x[i] * s));
+            *(uint4 *)((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32, PA_APPEND_MINB) pa_append(const pa_append_params p) {

@@ -167,6 +167,22 @@ typedef struct pa_append_params {
     pa_u64 k_scales, v_scales;
 } pa_append_params;
 
+/* append.cu's pa_dequant (fp8 caches, prefill on the Hopper kernels): the
+ * keys a call attends, page by page, widened into a 16-bit copy of the
+ * caches: block-table entry (b, j) of the call (bt_stride apart) into copy
+ * page b * width + j, the keys below seqlen[b] (i32 [batch]) of it, each
+ * value fp8 * scale of its kv head rounded once to PA_DTYPE (the
+ * reference's naive reading). Block b * width + j of the grid takes entry
+ * (b, j). */
+typedef struct pa_dequant_params {
+    pa_u64 k_cache, v_cache, block_table, seqlen;
+    pa_u64 k_out, v_out;
+    pa_i64 bt_stride, page_stride; /* page_stride: elements a page (page_size * kv_heads * head_dim) */
+    pa_i32 batch, width, kv_heads, head_dim, page_size, pad;
+    float k_scale, v_scale;    /* every head's, where k_scales / v_scales are 0 */
+    pa_u64 k_scales, v_scales; /* maybe 0: f32 [kv_heads] */
+} pa_dequant_params;
+
 /* merge.cu: attention states merged by their log-sum-exp (the core's
  * pa_merge_problem). Item r, head h writes output row out_rows[r] (0: r)
  * from state s's row rows[r] (rows 0: r; negative: empty there); o at

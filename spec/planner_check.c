@@ -36,6 +36,7 @@
  * Usage: planner_check SEED PROBLEMS. Prints "N problems, M items: ok", or
  * the first violation (and exits 1).
  */
+#include "../src/cuda/cuda_launch.h"
 #include "../src/cuda/cuda_planner.h"
 #include "../src/cuda/cuda_tuning.h"
 #include "fake_kernels.h"
@@ -87,9 +88,10 @@ static void call_make(call *c, int B, const int32_t *q, const int32_t *k, pa_dty
     c->q_start = calloc((size_t)B, 8);
     c->lse_start = calloc((size_t)B, 8);
     c->new_row = calloc((size_t)B, 8);
-    int32_t max_k = 1;
+    int32_t max_k = 1, max_q = 0;
     int64_t total_q = 0;
     for (int b = 0; b < B; b++) {
+        if (q[b] > max_q) max_q = q[b];
         c->sq[b] = q[b];
         c->sk[b] = k[b];
         c->q_start[b] = total_q;
@@ -106,6 +108,8 @@ static void call_make(call *c, int B, const int32_t *q, const int32_t *k, pa_dty
     p->group = H / Hk;
     p->head_dim = D;
     p->total_q = total_q;
+    p->max_seqlen_q = max_q;
+    p->max_seqlen_k = max_k;
     p->q = p->out = p->k_cache = p->v_cache = (void *)(uintptr_t)0x100000;
     p->scale = 1.0f;
     p->window_left = -1;
@@ -241,6 +245,65 @@ static void uniform(call *c, int B, int32_t q, int32_t k, pa_dtype dt, int D, in
     call_make(c, B, qs, ks, dt, 32, 8, D, page, causal);
     free(qs);
     free(ks);
+}
+
+/* fp8 prefill over a 16-bit copy (cuda_dequant.c), c: 4 x 2048 causal bf16
+ * queries over fp8 pages of 16: wanted on Hopper by default; p16 is the call
+ * over the copy (entry (b, j) -> page b * width + j, scale 1), whose plan
+ * runs on prefill_ws; the key counts and the table go in the upload, the
+ * copies in the scratch. Not wanted with prefill_fp8 0, on an A100, for
+ * decodes, for contiguous caches. */
+static void dequant_checks(call *c) {
+    pa_cuda_tuning d;
+    pa_cuda_tuning_set_defaults(&d);
+    check_name = "fp8 prefill over a 16-bit copy";
+    EXPECT(d.prefill_fp8 == 1, "prefill_fp8 defaults to 1");
+    EXPECT(pa_cuda_dequant_wanted(&c->p, &H100, &d), "wanted on Hopper");
+    EXPECT(!pa_cuda_dequant_wanted(&c->p, &A100, &d), "not on an A100");
+    d.prefill_fp8 = 0;
+    EXPECT(!pa_cuda_dequant_wanted(&c->p, &H100, &d), "not with prefill_fp8 0");
+    d.prefill_fp8 = 1;
+    pa_attn_problem q = c->p;
+    q.max_seqlen_q = 1;
+    EXPECT(!pa_cuda_dequant_wanted(&q, &H100, &d), "not for decodes");
+    q = c->p;
+    q.paged = false;
+    EXPECT(!pa_cuda_dequant_wanted(&q, &H100, &d), "not for contiguous caches");
+    pa_context *ctx = NULL;
+    EXPECT(pa_context_create(&ctx) == PA_OK, "context");
+    pa_dequant_plan dq;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &dq) == PA_OK && dq.on, "%s", pa_context_error(ctx));
+    const pa_attn_problem *p16 = &dq.p16;
+    EXPECT(dq.width == 128 && p16->num_pages == 4 * 128 && p16->bt_stride == 128 && p16->cache_dtype == PA_BF16 &&
+               p16->k_scale == 1.f && p16->v_scale == 1.f && !p16->k_scales && !p16->v_scales,
+           "width %d, pages %lld", dq.width, (long long)p16->num_pages);
+    for (int i = 0; i < 4 * 128; i++) EXPECT(p16->h_block_table[i] == i, "the copy's table at %d: %d", i, p16->h_block_table[i]);
+    EXPECT(dq.copy_bytes == (size_t)4 * 128 * 16 * 8 * 128 * 2, "copy bytes %zu", dq.copy_bytes);
+    pa_cuda_plan plan;
+    const pa_status st = pa_cuda_plan_make(ctx, p16, &H100, &d, &fake, &plan);
+    EXPECT(st == PA_OK, "%s", pa_context_error(ctx));
+    EXPECT(pa_cuda_dequant_fits(&plan) && has(&plan.parts[0], "prefill_ws dtype=bf16 D=128") &&
+               !has(&plan.parts[0], "kv="),
+           "%s", plan.parts[0].kp.variant);
+    const size_t up = plan.upload_bytes, scratch = plan.scratch_bytes;
+    pa_cuda_dequant_layout(&dq, &c->p, &plan);
+    EXPECT(dq.upload_off >= up && dq.upload_off % 256 == 0 && plan.upload_bytes == dq.upload_off + (4 + 4 * 128) * 4,
+           "upload %zu at %zu of %zu", up, dq.upload_off, plan.upload_bytes);
+    EXPECT(dq.scratch_off >= scratch && plan.scratch_bytes >= dq.scratch_off + 2 * dq.copy_bytes, "scratch");
+    char *host = calloc(plan.upload_bytes, 1);
+    pa_cuda_dequant_write(&dq, &c->p, host);
+    const int32_t *at = (const int32_t *)(host + dq.upload_off);
+    for (int b = 0; b < 4; b++) EXPECT(at[b] == 2048, "key count %d: %d", b, at[b]);
+    for (int i = 0; i < 4 * 128; i++) EXPECT(at[4 + i] == i, "uploaded table at %d", i);
+    free(host);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_dequant_free(&dq);
+    /* a sequence shorter than the rest: the width is the longest's pages */
+    c->sk[2] = 100;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &dq) == PA_OK && dq.on && dq.width == 128, "width %d", dq.width);
+    pa_cuda_dequant_free(&dq);
+    c->sk[2] = 2048;
+    pa_context_destroy(ctx);
 }
 
 /* ---- 3. the variant table's catalog ---- */
@@ -522,7 +585,9 @@ static void choice_checks(void) {
     EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2 "
                                                    "kv=fp8_e5m2"),
            "%s", plan.parts[0].kp.variant);
+    EXPECT(!pa_cuda_dequant_fits(&plan), "mma.sync over fp8 is not the Hopper kernels");
     pa_cuda_plan_free(&plan);
+    dequant_checks(&c);
     call_free(&c);
 
     /* prefill on Hopper: prefill_ws with page boxes (paged) or boxes of 64

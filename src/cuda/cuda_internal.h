@@ -76,7 +76,7 @@ typedef struct cuda_staging {
 } cuda_staging;
 
 /* One launch of an attention call, as pa_device_last_plan tells it. */
-#define PA_LAUNCH_RECORDS 5
+#define PA_LAUNCH_RECORDS 6 /* the append, the fp8 widening, four parts */
 typedef struct pa_cuda_launch_record {
     const char *variant, *entry; /* the module cache's names (live as long as the device) */
     int64_t grid;

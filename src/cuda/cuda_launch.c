@@ -204,20 +204,29 @@ static pa_status launch_part(pa_context *ctx, CUstream stream, const pa_attn_pro
 }
 
 pa_status pa_cuda_launch(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_cuda_plan *plan,
-                         const pa_cuda_buffers *buf, CUfunction append_fn, pa_tma_maps maps[4]) {
+                         const pa_cuda_buffers *buf, CUfunction append_fn, const pa_dequant_plan *dq,
+                         CUfunction dequant_fn, pa_tma_maps maps[4]) {
     pa_status st = PA_OK;
     if (plan->append && plan->append_grid > 0) st = launch_append(ctx, stream, p, plan, buf, append_fn);
+    const pa_attn_problem *pp = p;
+    if (dq && dq->on) {
+        if (st == PA_OK) st = pa_cuda_dequant_launch(ctx, stream, p, dq, dequant_fn);
+        pp = &dq->p16;
+    }
     for (int i = 0; st == PA_OK && i < plan->nparts; i++)
-        if (plan->parts[i].nwork > 0) st = launch_part(ctx, stream, p, plan, &plan->parts[i], buf, &maps[i]);
+        if (plan->parts[i].nwork > 0) st = launch_part(ctx, stream, pp, plan, &plan->parts[i], buf, &maps[i]);
     return st;
 }
 
 int pa_cuda_records(const pa_cuda_plan *plan, const char *append_variant, const char *append_entry,
-                    pa_cuda_launch_record out[PA_LAUNCH_RECORDS]) {
+                    const pa_dequant_plan *dq, int32_t batch, pa_cuda_launch_record out[PA_LAUNCH_RECORDS]) {
     int n = 0;
     if (plan->append && plan->append_grid > 0)
         out[n++] = (pa_cuda_launch_record){append_variant, append_entry, plan->append_grid, 256, 0, 0, 0, plan->append_split,
                                            false, false, false, false, 0, 0, 0};
+    if (dq && dq->on && batch > 0)
+        out[n++] = (pa_cuda_launch_record){append_variant, "pa_dequant", (int64_t)batch * dq->width, 256, 0,
+                                           (int64_t)batch * dq->width, 0, 0, false, false, false, false, 0, 0, 0};
     for (int i = 0; i < plan->nparts; i++) {
         const pa_plan_part *pt = &plan->parts[i];
         const pa_kernel_plan *kp = &pt->kp;

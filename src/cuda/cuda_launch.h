@@ -13,16 +13,51 @@ typedef struct pa_cuda_buffers {
     CUdeviceptr plan, scratch, counters;
 } pa_cuda_buffers;
 
+/* ---- cuda_dequant.c: prefill over fp8 caches on the Hopper kernels ----
+ * A call that takes it: its parts planned (and run) for p16, the same call
+ * over a 16-bit copy of the keys it attends; pa_dequant (the append module's
+ * entry) widens them into the copy after the append. */
+typedef struct pa_dequant_plan {
+    bool on;
+    int32_t width;      /* copy pages a sequence: entry (b, j) is page b * width + j */
+    size_t copy_bytes;  /* the K copy's (and the V copy's) bytes */
+    size_t scratch_off; /* the K copy, then the V copy, in the call's scratch */
+    size_t upload_off;  /* i32 key counts [batch], then the copy's block table, in the upload */
+    int32_t *h_table;   /* the copy's block table on the host */
+    CUdeviceptr seqlen; /* the key counts on the device (bound at the upload) */
+    pa_attn_problem p16;
+} pa_dequant_plan;
+
+/* Whether a call may take it (then the plan of p16 decides: fits). */
+bool pa_cuda_dequant_wanted(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_cuda_tuning *t);
+/* dq for p: p16 with its host block table (dq->on false: the call stays on
+ * fp8). pa_cuda_dequant_free after. */
+pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, pa_dequant_plan *dq);
+/* Whether every part of the plan of p16 runs on a Hopper prefill kernel. */
+bool pa_cuda_dequant_fits(const pa_cuda_plan *plan);
+/* The copies in the plan's scratch, the key counts and table in its upload. */
+void pa_cuda_dequant_layout(pa_dequant_plan *dq, const pa_attn_problem *p, pa_cuda_plan *plan);
+void pa_cuda_dequant_write(const pa_dequant_plan *dq, const pa_attn_problem *p, void *host);
+void pa_cuda_dequant_bind_scratch(pa_dequant_plan *dq, CUdeviceptr scratch);
+void pa_cuda_dequant_bind_upload(pa_dequant_plan *dq, const pa_attn_problem *p, CUdeviceptr plan);
+pa_status pa_cuda_dequant_launch(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_dequant_plan *dq,
+                                 CUfunction fn);
+void pa_cuda_dequant_free(pa_dequant_plan *dq);
+
 /* prefill_ws's TMA descriptors of each part (host work only: before anything
  * is queued, so that a failure queues nothing). */
 pa_status pa_cuda_launch_prepare(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_plan *plan,
                                  const pa_cuda_tuning *t, pa_tma_maps maps[4]);
-/* Queues the rotary append (append_fn) and each part's kernel on stream. */
+/* Queues the rotary append (append_fn, over p), the widening of the keys
+ * (dq maybe NULL: none) and each part's kernel (over dq's p16, else p) on
+ * stream. */
 pa_status pa_cuda_launch(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_cuda_plan *plan,
-                         const pa_cuda_buffers *buf, CUfunction append_fn, pa_tma_maps maps[4]);
+                         const pa_cuda_buffers *buf, CUfunction append_fn, const pa_dequant_plan *dq,
+                         CUfunction dequant_fn, pa_tma_maps maps[4]);
 
+/* What the call launched, in order (dq maybe NULL). */
 int pa_cuda_records(const pa_cuda_plan *plan, const char *append_variant, const char *append_entry,
-                    pa_cuda_launch_record out[PA_LAUNCH_RECORDS]);
+                    const pa_dequant_plan *dq, int32_t batch, pa_cuda_launch_record out[PA_LAUNCH_RECORDS]);
 pa_status pa_cuda_describe(pa_context *ctx, const pa_cuda_launch_record *r, int n, char *out, size_t len);
 
 #endif /* PA_CUDA_LAUNCH_H */
