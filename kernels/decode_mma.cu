@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     __shared__ int s_cpg[CAN_CLAIM ? CR : 1][CAN_CLAIM ? PPS : 1]; /* and their page ids */
     i64 *s_rowoff = (i64 *)(smem + PAGES_BYTES);
     u8 *s_q = smem + PAGES_BYTES + ROWOFF_BYTES;
-    u8 *s_conv = s_q + Q_BYTES; /* (fp8) */
+    u8 *s_merge8 = s_q + Q_BYTES; /* (fp8: the warps' merge) */
     u8 *s_kv = smem + KV_OFF;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -788,7 +788,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         if (PERSIST && !p.q_f32 && s_unit[j ^ 1] >= 0) load_qa();
         l0 = pa_quad_sum(l0);
         l1 = pa_quad_sum(l1);
-        float *sm_o = (float *)(FP8 ? s_conv : PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
+        float *sm_o = (float *)(FP8 ? s_merge8 : PERSIST ? s_kv + ((G - 1) % PA_STAGES) * KV_STAGE : s_kv);
         float *sm_ml = s_ml;
         /* (only the ROWS real rows of the 16: at ROWS 4, a quarter of the stores) */
 #pragma unroll

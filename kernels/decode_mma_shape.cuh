@@ -47,8 +47,8 @@ constexpr int ROWOFF_BYTES = 2 * R * 8; /* ring of two stages' row offsets */
 constexpr int Q_BYTES = 2 * 16 * RSTRIDE; /* Q, and the rounding residual of a rotated (f32) q */
 constexpr int MERGE_BYTES = NWARPS * 16 * D * 4; /* the warps' o; their (m, l) in static shared memory */
 /* fp8: the warps' merge (an fp8 stage is too small for it) */
-constexpr int CONV_BYTES = FP8 ? MERGE_BYTES : 0;
-constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES + CONV_BYTES;
+constexpr int MERGE8_BYTES = FP8 ? MERGE_BYTES : 0;
+constexpr int KV_OFF = PAGES_BYTES + ROWOFF_BYTES + Q_BYTES + MERGE8_BYTES;
 constexpr int SMEM = KV_OFF + (PERSIST || HW || FP8 ? PA_STAGES * KV_STAGE : pa_cmax(PA_STAGES * KV_STAGE, MERGE_BYTES));
 
 static_assert(PA_DTYPE == PA_DT_F16 || PA_DTYPE == PA_DT_BF16, "tensor cores: f16 or bf16");

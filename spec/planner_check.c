@@ -535,7 +535,8 @@ static void choice_checks(void) {
     /* fp8 caches: decode_mma at head dims 64 and 128 (4 stages at 16 keys a
      * warp), the CUDA-core decode at other multiples of 16 and for f32 q,
      * the fallback elsewhere; prefill on mma.sync (the Hopper kernels read
-     * 16-bit caches); the append without its 16-bit rows' path */
+     * 16-bit caches: dequant_checks plans the 16-bit copy); the append on its
+     * 16-byte path where the 16-bit append's rules allow */
     uniform(&c, 64, 1, 4096, PA_BF16, 128, 16, false);
     c.p.cache_dtype = PA_FP8_E4M3;
     plan_of("decode fp8 e4m3", &c, &H100, NULL, &plan);

@@ -169,7 +169,8 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         const int force = t->prefill_kernel;
         pa_variant h = pa_variant_of(PA_VK_PREFILL_WGMMA);
         pa_variant_set(pa_variant_set(&h, PA_KEY_DTYPE, p->dtype), PA_KEY_D, D);
-        /* (the Hopper kernels read 16-bit caches only: fp8 on mma.sync) */
+        /* (the Hopper kernels read 16-bit caches only: fp8 on mma.sync; where a
+         * 16-bit copy of the keys applies, cuda_dequant.c plans that instead) */
         const bool hopper = caps->sm90a && pa_variant_allows(&h) && kv == 0;
         pa_variant tv = pa_variant_of(PA_VK_PREFILL_WS);
         pa_variant_set(pa_variant_set(&tv, PA_KEY_PAGE, page), PA_KEY_TMA, 1);
