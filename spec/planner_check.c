@@ -252,7 +252,7 @@ static void uniform(call *c, int B, int32_t q, int32_t k, pa_dtype dt, int D, in
  * over the copy (entry (b, j) -> page b * width + j, scale 1), whose plan
  * runs on prefill_ws; the key counts and the table go in the upload, the
  * copies in the scratch. Not wanted with prefill_fp8 0, on an A100, for
- * decodes, for contiguous caches. */
+ * decodes, for contiguous caches; not taken past prefill_fp8_max_mb. */
 static void dequant_checks(call *c) {
     pa_cuda_tuning d;
     pa_cuda_tuning_set_defaults(&d);
@@ -272,7 +272,7 @@ static void dequant_checks(call *c) {
     pa_context *ctx = NULL;
     EXPECT(pa_context_create(&ctx) == PA_OK, "context");
     pa_dequant_plan dq;
-    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &dq) == PA_OK && dq.on, "%s", pa_context_error(ctx));
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && dq.on, "%s", pa_context_error(ctx));
     const pa_attn_problem *p16 = &dq.p16;
     EXPECT(dq.width == 128 && p16->num_pages == 4 * 128 && p16->bt_stride == 128 && p16->cache_dtype == PA_BF16 &&
                p16->k_scale == 1.f && p16->v_scale == 1.f && !p16->k_scales && !p16->v_scales,
@@ -300,9 +300,17 @@ static void dequant_checks(call *c) {
     pa_cuda_dequant_free(&dq);
     /* a sequence shorter than the rest: the width is the longest's pages */
     c->sk[2] = 100;
-    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &dq) == PA_OK && dq.on && dq.width == 128, "width %d", dq.width);
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && dq.on && dq.width == 128, "width %d", dq.width);
     pa_cuda_dequant_free(&dq);
     c->sk[2] = 2048;
+    /* the copy's cap: 2 x 16 MiB here (4 x 128 pages of 16 keys x 8 x 128 x 2 bytes) */
+    EXPECT(d.prefill_fp8_max_mb == 1024, "prefill_fp8_max_mb defaults to 1024");
+    d.prefill_fp8_max_mb = 32;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && dq.on, "a copy of 32 MiB fits 32");
+    pa_cuda_dequant_free(&dq);
+    d.prefill_fp8_max_mb = 31;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && !dq.on && !dq.h_table, "a copy of 32 MiB past 31");
+    pa_cuda_dequant_free(&dq);
     pa_context_destroy(ctx);
 }
 

@@ -130,6 +130,7 @@ typedef struct pa_cuda_tuning {
     int32_t prefill_first_boxes;     /* ws with TMA, paged: 1 the host lists the first tile's boxes; 0 */
     int32_t prefill_order;           /* ws: 1 blocks by sequence, longest first; 0 longest first over all */
     int32_t prefill_fp8;             /* fp8 caches: 1 prefill on the Hopper kernels over a 16-bit copy; 0 mma.sync */
+    int32_t prefill_fp8_max_mb;      /* ... where the copy (K and V) takes at most this many MiB (1024) */
     /* laboratory */
     int32_t timing_hold_us;          /* pa_device_timing: the stream held this long before a timed call (50) */
     char kernel_dir[256];            /* kernel sources read from here ("": the embedded ones) */

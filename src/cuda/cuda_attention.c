@@ -76,7 +76,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     pa_dequant_plan dq;
     memset(&dq, 0, sizeof dq);
     pa_status st = PA_OK;
-    if (pa_cuda_dequant_wanted(p, &caps, &impl->tuning)) st = pa_cuda_dequant_problem(ctx, p, &dq);
+    if (pa_cuda_dequant_wanted(p, &caps, &impl->tuning)) st = pa_cuda_dequant_problem(ctx, p, &impl->tuning, &dq);
     pa_kmodule *append_mod = NULL;
     if (st == PA_OK && (p->total_new > 0 || (p->rotary_cos && p->total_q > 0) || dq.on)) {
         char variant[64];

@@ -13,7 +13,9 @@
  * reference's naive reading does), and its parts run on the copy with scale
  * 1. The copy lives in the call's scratch, its block table and the
  * sequences' key counts in the call's upload; the append (if any) writes the
- * fp8 caches first, as ever. Tuning prefill_fp8 = 0 turns it off.
+ * fp8 caches first, as ever. Tuning prefill_fp8 = 0 turns it off; a copy
+ * larger than prefill_fp8_max_mb (K and V; the scratch keeps its size after
+ * the call) leaves the call on the fp8 bytes.
  */
 #include "cuda_launch.h"
 
@@ -31,7 +33,8 @@ bool pa_cuda_dequant_wanted(const pa_attn_problem *p, const pa_cuda_caps *caps, 
     return p->total_q > 0 && p->max_seqlen_q > 8;
 }
 
-pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, pa_dequant_plan *dq) {
+pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_tuning *t,
+                                  pa_dequant_plan *dq) {
     memset(dq, 0, sizeof *dq);
     dq->on = false;
     int64_t width = 0;
@@ -41,12 +44,14 @@ pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, pa_
     }
     if (width < 1) width = 1;
     if (width > p->bt_stride || (int64_t)p->batch * width > INT32_MAX) return PA_OK; /* (stays on fp8) */
-    dq->width = (int32_t)width;
     const size_t n = (size_t)p->batch * (size_t)width;
+    const size_t copy = n * (size_t)p->page_size * (size_t)p->kv_heads * (size_t)p->head_dim * pa_dtype_size(p->dtype);
+    if (2 * copy > ((size_t)t->prefill_fp8_max_mb << 20)) return PA_OK; /* (the scratch would hold it after the call) */
+    dq->width = (int32_t)width;
     dq->h_table = malloc((n > 0 ? n : 1) * sizeof(int32_t));
     if (!dq->h_table) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: %zu bytes of host memory", n * 4);
     for (size_t i = 0; i < n; i++) dq->h_table[i] = (int32_t)i;
-    dq->copy_bytes = n * (size_t)p->page_size * (size_t)p->kv_heads * (size_t)p->head_dim * pa_dtype_size(p->dtype);
+    dq->copy_bytes = copy;
     pa_attn_problem *q = &dq->p16;
     *q = *p;
     q->cache_dtype = p->dtype;

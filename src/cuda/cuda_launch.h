@@ -32,7 +32,8 @@ typedef struct pa_dequant_plan {
 bool pa_cuda_dequant_wanted(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_cuda_tuning *t);
 /* dq for p: p16 with its host block table (dq->on false: the call stays on
  * fp8). pa_cuda_dequant_free after. */
-pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, pa_dequant_plan *dq);
+pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_tuning *t,
+                                  pa_dequant_plan *dq);
 /* Whether every part of the plan of p16 runs on a Hopper prefill kernel. */
 bool pa_cuda_dequant_fits(const pa_cuda_plan *plan);
 /* The copies in the plan's scratch, the key counts and table in its upload. */

@@ -89,13 +89,15 @@ static const field fields[] = {
     I(prefill_order, 0, 1, 0, 1, NULL, "ws: 1 blocks by sequence, longest first; 0 longest first over all"),
     I(prefill_fp8, 0, 1, 0, 1, NULL,
       "fp8 caches, paged: 1 prefill on the Hopper kernels over a 16-bit copy of the keys it reads; 0 mma.sync"),
+    I(prefill_fp8_max_mb, 1, 1 << 20, 0, 1024, NULL,
+      "prefill_fp8: the copy (K and V) of at most this many MiB, kept as scratch; larger calls read the fp8 bytes"),
     I(timing_hold_us, 0, 1000000, 0, 50, NULL, "pa_device_timing: microseconds the stream is held before a timed call"),
     TEXT(kernel_dir, "kernel sources read from this directory (\"\": the embedded ones)"),
     TEXT(nvrtc_options, "more NVRTC options, split at blanks (\"no-lineinfo\" drops -lineinfo)"),
 };
 #define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
 
-_Static_assert(sizeof(pa_cuda_tuning) == 39 * 4 + 256 + 512, "pa_cuda_tuning: a field without a table entry");
+_Static_assert(sizeof(pa_cuda_tuning) == 40 * 4 + 256 + 512, "pa_cuda_tuning: a field without a table entry");
 
 int pa_cuda_tuning_field_count_impl(void) { return NFIELDS; }
 const pa_tuning_field *pa_cuda_tuning_field_impl(int index) {
