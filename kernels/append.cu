@@ -210,8 +210,8 @@ template <> struct out8<OUT_KV> {
     }
 };
 
-/* fp8: 1 / scale of kv head hk, in double (one correctly rounded division,
- * as the host's) */
+/* fp8: 1 / scale of kv head hk, in double, correctly rounded (the host's
+ * 1.0 / scale) */
 __device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
     const u64 per_head = is_k ? p.k_scales : p.v_scales;
     const float s = per_head ? ((const float *)per_head)[hk] : (is_k ? p.k_scale : p.v_scale);
