@@ -627,10 +627,10 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
             const double s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
             float x[8];
             pa_load8<PA_KV>((const u8 *)(is_v ? p.v_cache : p.k_cache) + src + 8 * (i64)cc, x);
-            u32 w[4];
+            out8<OUT_DT> y;
 #pragma unroll
-            for (int i = 0; i < 8; i++) E::store(&w[i >> 1], i & 1, pa_f64_to_f32_odd((double)x[i] * s));
-            *(uint4 *)((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2) = make_uint4(w[0], w[1], w[2], w[3]);
+            for (int i = 0; i < 8; i++) y.put(i, (double)x[i] * s);
+            y.flush((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2, 0);
         }
     }
 }

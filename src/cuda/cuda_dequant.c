@@ -8,7 +8,7 @@
  * (8192 causal queries over 8192 keys: 0.55 TFLOP, 17 MB of fp8 K and V).
  * So a paged call whose 16-bit form would run on the Hopper kernels alone
  * gets the keys it attends widened into a 16-bit copy first (pa_dequant,
- * append.cu: block-table entry (b, j) into copy page b * width + j, each
+ * append.cu, launched by cuda_launch.c: block-table entry (b, j) into copy page b * width + j, each
  * value fp8 * scale of its kv head rounded once to q's dtype, what the
  * reference's naive reading does), and its parts run on the copy with scale
  * 1. The copy lives in the call's scratch, its block table and the
@@ -36,7 +36,6 @@ bool pa_cuda_dequant_wanted(const pa_attn_problem *p, const pa_cuda_caps *caps, 
 pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_tuning *t,
                                   pa_dequant_plan *dq) {
     memset(dq, 0, sizeof *dq);
-    dq->on = false;
     int64_t width = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         const int64_t pages = ((int64_t)p->h_seqlen_k[b] + p->page_size - 1) / p->page_size;
@@ -94,35 +93,6 @@ void pa_cuda_dequant_bind_scratch(pa_dequant_plan *dq, CUdeviceptr scratch) {
 void pa_cuda_dequant_bind_upload(pa_dequant_plan *dq, const pa_attn_problem *p, CUdeviceptr plan) {
     dq->seqlen = plan + dq->upload_off;
     dq->p16.block_table = (const int32_t *)(uintptr_t)(plan + dq->upload_off + (size_t)p->batch * sizeof(int32_t));
-}
-
-pa_status pa_cuda_dequant_launch(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_dequant_plan *dq,
-                                 CUfunction fn) {
-    if (p->batch == 0) return PA_OK;
-    pa_dequant_params dp;
-    memset(&dp, 0, sizeof dp);
-    dp.k_cache = (pa_u64)(uintptr_t)p->k_cache;
-    dp.v_cache = (pa_u64)(uintptr_t)p->v_cache;
-    dp.block_table = (pa_u64)(uintptr_t)p->block_table;
-    dp.seqlen = dq->seqlen;
-    dp.k_out = (pa_u64)(uintptr_t)dq->p16.k_cache;
-    dp.v_out = (pa_u64)(uintptr_t)dq->p16.v_cache;
-    dp.bt_stride = p->bt_stride;
-    dp.page_stride = (int64_t)p->page_size * p->kv_heads * p->head_dim;
-    dp.batch = p->batch;
-    dp.width = dq->width;
-    dp.kv_heads = p->kv_heads;
-    dp.head_dim = p->head_dim;
-    dp.page_size = p->page_size;
-    dp.k_scale = p->k_scale;
-    dp.v_scale = p->v_scale;
-    dp.k_scales = (pa_u64)(uintptr_t)p->k_scales;
-    dp.v_scales = (pa_u64)(uintptr_t)p->v_scales;
-    void *args[] = {&dp};
-    const unsigned grid = (unsigned)((int64_t)p->batch * dq->width);
-    CUresult r = pa_cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, args, NULL);
-    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuLaunchKernel(pa_dequant)", __FILE__, __LINE__);
-    return PA_OK;
 }
 
 void pa_cuda_dequant_free(pa_dequant_plan *dq) {

@@ -133,6 +133,37 @@ static pa_status launch_append(pa_context *ctx, CUstream stream, const pa_attn_p
     return PA_OK;
 }
 
+/* The widening of the keys into dq's 16-bit copy (cuda_dequant.c): a block a
+ * block-table entry. */
+static pa_status launch_dequant(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_dequant_plan *dq,
+                               CUfunction fn) {
+    if (p->batch == 0) return PA_OK;
+    pa_dequant_params dp;
+    memset(&dp, 0, sizeof dp);
+    dp.k_cache = (pa_u64)(uintptr_t)p->k_cache;
+    dp.v_cache = (pa_u64)(uintptr_t)p->v_cache;
+    dp.block_table = (pa_u64)(uintptr_t)p->block_table;
+    dp.seqlen = dq->seqlen;
+    dp.k_out = (pa_u64)(uintptr_t)dq->p16.k_cache;
+    dp.v_out = (pa_u64)(uintptr_t)dq->p16.v_cache;
+    dp.bt_stride = p->bt_stride;
+    dp.page_stride = (int64_t)p->page_size * p->kv_heads * p->head_dim;
+    dp.batch = p->batch;
+    dp.width = dq->width;
+    dp.kv_heads = p->kv_heads;
+    dp.head_dim = p->head_dim;
+    dp.page_size = p->page_size;
+    dp.k_scale = p->k_scale;
+    dp.v_scale = p->v_scale;
+    dp.k_scales = (pa_u64)(uintptr_t)p->k_scales;
+    dp.v_scales = (pa_u64)(uintptr_t)p->v_scales;
+    void *args[] = {&dp};
+    const unsigned grid = (unsigned)((int64_t)p->batch * dq->width);
+    CUresult r = pa_cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, args, NULL);
+    if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuLaunchKernel(pa_dequant)", __FILE__, __LINE__);
+    return PA_OK;
+}
+
 static pa_status launch_part(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_cuda_plan *plan,
                              const pa_plan_part *pt, const pa_cuda_buffers *buf, pa_tma_maps *maps) {
     const pa_kernel_plan *kp = &pt->kp;
@@ -210,7 +241,7 @@ pa_status pa_cuda_launch(pa_context *ctx, CUstream stream, const pa_attn_problem
     if (plan->append && plan->append_grid > 0) st = launch_append(ctx, stream, p, plan, buf, append_fn);
     const pa_attn_problem *pp = p;
     if (dq && dq->on) {
-        if (st == PA_OK) st = pa_cuda_dequant_launch(ctx, stream, p, dq, dequant_fn);
+        if (st == PA_OK) st = launch_dequant(ctx, stream, p, dq, dequant_fn);
         pp = &dq->p16;
     }
     for (int i = 0; st == PA_OK && i < plan->nparts; i++)

@@ -16,7 +16,7 @@ typedef struct pa_cuda_buffers {
 /* ---- cuda_dequant.c: prefill over fp8 caches on the Hopper kernels ----
  * A call that takes it: its parts planned (and run) for p16, the same call
  * over a 16-bit copy of the keys it attends; pa_dequant (the append module's
- * entry) widens them into the copy after the append. */
+ * entry, pa_cuda_launch queues it) widens them into the copy after the append. */
 typedef struct pa_dequant_plan {
     bool on;
     int32_t width;      /* copy pages a sequence: entry (b, j) is page b * width + j */
@@ -41,8 +41,6 @@ void pa_cuda_dequant_layout(pa_dequant_plan *dq, const pa_attn_problem *p, pa_cu
 void pa_cuda_dequant_write(const pa_dequant_plan *dq, const pa_attn_problem *p, void *host);
 void pa_cuda_dequant_bind_scratch(pa_dequant_plan *dq, CUdeviceptr scratch);
 void pa_cuda_dequant_bind_upload(pa_dequant_plan *dq, const pa_attn_problem *p, CUdeviceptr plan);
-pa_status pa_cuda_dequant_launch(pa_context *ctx, CUstream stream, const pa_attn_problem *p, const pa_dequant_plan *dq,
-                                 CUfunction fn);
 void pa_cuda_dequant_free(pa_dequant_plan *dq);
 
 /* prefill_ws's TMA descriptors of each part (host work only: before anything
