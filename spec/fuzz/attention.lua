@@ -97,10 +97,14 @@ end
 -- The live tensors a call was given, each once, with a name for messages.
 local function call_tensors(args)
   local list, seen = {}, {}
+  -- (a tensor passed as two arguments is one entry named after both: "q = k_cache")
   local function add(name, t)
-    if is_tensor(t) and t.handle ~= nil and not seen[t] then
-      seen[t] = true
-      list[#list + 1] = { name = name, t = t }
+    if not (is_tensor(t) and t.handle ~= nil) then return end
+    if seen[t] then
+      seen[t].name = seen[t].name .. " = " .. name
+    else
+      seen[t] = { name = name, t = t }
+      list[#list + 1] = seen[t]
     end
   end
   add("q", args.q)
