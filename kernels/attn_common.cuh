@@ -54,6 +54,13 @@ PA_DEV void pa_store_lse(const pa_attn_params &p, const pa_work &w, int h, int q
     ((float *)p.lse)[w.lse_start + h * p.lse_head_stride + qi] = l2 == -PA_INF ? -PA_INF : l2 * PA_LN2;
 }
 
+/* Element off of out := x: in the dtype DT, or in f32 where p.out_f32 (the
+ * cascade's levels: its merge rounds them once, as a plain call would). */
+template <int DT> PA_DEV void pa_store_out(const pa_attn_params &p, i64 off, float x) {
+    if (DT != PA_DT_F32 && p.out_f32) ((float *)p.out)[off] = x;
+    else pa_elem<DT>::store((void *)p.out, off, x);
+}
+
 /* Up to 4 floats through L2 only (data another block wrote) */
 template <int V> PA_DEV void pa_ld_cg_v(const float *p, float (&x)[V]) {
     if constexpr (V == 4) {
@@ -114,7 +121,7 @@ __device__ void pa_combine_splits(const pa_attn_params &p, const pa_work &w, int
         const i64 out0 = ((w.q_start + qi) * H + h) * (i64)D + d;
         const float inv = l > 0.f ? 1.f / l : 0.f; /* one reciprocal, not V divisions */
 #pragma unroll
-        for (int i = 0; i < V; i++) pa_elem<DT>::store((void *)p.out, out0 + i, acc[i] * inv);
+        for (int i = 0; i < V; i++) pa_store_out<DT>(p, out0 + i, acc[i] * inv);
         if (d == 0 && p.lse) pa_store_lse(p, w, h, qi, l > 0.f ? m + pa_log2(l) : -PA_INF);
     }
 }
@@ -179,7 +186,7 @@ __device__ void pa_write_rows(const pa_attn_params &p, const pa_work &w, int row
         const int h = hk * p.group + g;
         const float o = get_o(r, d);
         if (w.nsplit == 1) {
-            pa_elem<DT>::store((void *)p.out, ((w.q_start + qi) * H + h) * (i64)D + d, o);
+            pa_store_out<DT>(p, ((w.q_start + qi) * H + h) * (i64)D + d, o);
             if (d == 0 && p.lse) pa_store_lse(p, w, h, qi, get_lse2(r));
         } else {
             const i64 prow = (w.part_row + (i64)w.split * w.seqlen_q + qi) * H + h;

@@ -61,7 +61,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_merge_states(const _
                 const float wt = __shfl_sync(0xffffffffu, ws, s);
                 const i64 rs = __shfl_sync(0xffffffffu, row, s);
                 if (wt == 0.f || d >= p.head_dim) continue; /* (uniform over the warp but d) */
-                const float v = E::load((const void *)p.states[s].o, (rs * p.heads + h) * (i64)p.head_dim + d);
+                const i64 at = (rs * p.heads + h) * (i64)p.head_dim + d;
+                const float v = p.states_f32 ? ((const float *)p.states[s].o)[at] : E::load((const void *)p.states[s].o, at);
                 acc += wt * v;
                 lo = fminf(lo, v);
                 hi = fmaxf(hi, v);

@@ -87,6 +87,9 @@ typedef struct pa_attn_params {
      * f32 [kv_heads], else every head has k_scale / v_scale */
     pa_u64 k_scales, v_scales;
     float k_scale, v_scale;
+    /* 1: out is f32 whatever the dtype (the cascade's two levels, which its
+     * merge rounds once to the dtype); 0: out has the dtype */
+    pa_i32 out_f32, pad_;
 } pa_attn_params;
 #define PA_DECODE_FIRST_PAGES 32 /* page 16: the first 3 stages of 64 keys span 12 or 13 pages, of 128 keys 24 or 25 */
 /* decode_mma's claims (at up to 4 pipeline stages): a split's static stages
@@ -200,7 +203,8 @@ typedef struct pa_merge_kparams {
     pa_u64 out, out_lse; /* out_lse maybe 0 */
     pa_u64 out_rows;     /* maybe 0: i32 [rows] */
     pa_i64 rows, out_lse_seq;
-    pa_i32 num_states, heads, head_dim, pad;
+    pa_i32 num_states, heads, head_dim;
+    pa_i32 states_f32; /* 1: the states' o are f32 (the cascade's levels), else PA_DTYPE as out */
 } pa_merge_kparams;
 
 /* merge.cu: rows of q copied, and rotated where rot_cos is given: dst row r

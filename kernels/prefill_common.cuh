@@ -278,7 +278,15 @@ __device__ void pa_write_rows_single(const pa_attn_params &p, const pa_work &w, 
         const int h = hk * p.group + g0 + r % GT;
         const float *src = s_o + r * ostride + c * 8;
         const i64 dst = ((w.q_start + qi) * p.heads + h) * (i64)D + c * 8;
-        if (vec) {
+        if (DT != PA_DT_F32 && p.out_f32) {
+            if (vec) {
+                *(float4 *)((float *)p.out + dst) = *(const float4 *)src;
+                *(float4 *)((float *)p.out + dst + 4) = *(const float4 *)(src + 4);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) ((float *)p.out)[dst + j] = src[j];
+            }
+        } else if (vec) {
             const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
             *(uint4 *)((u16 *)p.out + dst) = make_uint4(pack2(a.x, a.y), pack2(a.z, a.w), pack2(b.x, b.y), pack2(b.z, b.w));
         } else {

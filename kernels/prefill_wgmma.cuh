@@ -129,6 +129,26 @@ PA_DEV void pa_stage_rows_swz(const pa_attn_params &p, const pa_work &w, int hk,
     }
 }
 
+/* pa_stage_rows_swz's rows straight to an f32 out (p.out_f32: the
+ * cascade's levels), two floats a store, and their lse; nothing staged. */
+template <int D, int BM, int GT>
+PA_DEV void pa_write_rows_f32(const pa_attn_params &p, const pa_work &w, int hk, int g0, pa_lane_rows &r,
+                              const float (&o)[D / 8][4], int R0) {
+    constexpr int ROWS = BM / GT * GT;
+    const int t4 = (threadIdx.x & 31) & 3;
+    float inv[2];
+    pa_lane_rows_end(r, inv[0], inv[1]);
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int R = R0 + 8 * k, qi = w.i0 + R / GT, h = hk * p.group + g0 + R % GT;
+        if (R >= ROWS || qi >= w.seqlen_q) continue;
+        float *dst = (float *)p.out + ((w.q_start + qi) * p.heads + h) * (i64)D + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) *(float2 *)(dst + 8 * n) = make_float2(o[n][2 * k] * inv[k], o[n][2 * k + 1] * inv[k]);
+        if (t4 == 0 && p.lse) pa_store_lse(p, w, h, qi, pa_lane_lse2(r, k));
+    }
+}
+
 /* Rows r0 .. r0 + NROWS - 1 of the swizzled tile at smem (pa_stage_rows_swz)
  * to out, by threads tid = 0 .. NTHR - 1: every chunk read first, then one
  * 16-byte store each where out is aligned, else element by element. */

@@ -467,20 +467,24 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     /* epilogue, each consumer on its own (consumer 0's under consumer 1's
      * last products): its rows of O rounded into its own rows of the Q tile
      * (free: its last S has completed), then out from there */
-    pa_stage_rows_swz<D, BM, GT>(p, w, hk, g0, rs, o, R0, smem);
-    /* by TMA where every row of the tile is a query (and the host built the
-     * map): one thread's boxes instead of 8 loads and stores a thread */
-    const bool o_tma = TMA_QO && maps.o_tma && w.i0 + QT <= w.seqlen_q;
-    if (o_tma) pa_fence_proxy_async(); /* this thread's rows -> the TMA store (async proxy) */
-    if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
-    else asm volatile("bar.sync 5, 128;\n" ::: "memory");
-    if (!o_tma) {
-        pa_write_rows_swz<D, BM, GT, 64, 128>(p, w, hk, g0, smem, cw * 64, ctid & 127);
-    } else if ((ctid & 127) == 0) {
-        for (int blk = 0; blk < D / 64; blk++)
-            tma_store(maps.o, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0 + cw * (QT / 2)),
-                      q_addr + blk * BM * 128 + cw * 64 * 128);
-        tma_store_commit_wait_read();
+    if (p.out_f32) {
+        pa_write_rows_f32<D, BM, GT>(p, w, hk, g0, rs, o, R0);
+    } else {
+        pa_stage_rows_swz<D, BM, GT>(p, w, hk, g0, rs, o, R0, smem);
+        /* by TMA where every row of the tile is a query (and the host built the
+         * map): one thread's boxes instead of 8 loads and stores a thread */
+        const bool o_tma = TMA_QO && maps.o_tma && w.i0 + QT <= w.seqlen_q;
+        if (o_tma) pa_fence_proxy_async(); /* this thread's rows -> the TMA store (async proxy) */
+        if (cw == 0) asm volatile("bar.sync 4, 128;\n" ::: "memory");
+        else asm volatile("bar.sync 5, 128;\n" ::: "memory");
+        if (!o_tma) {
+            pa_write_rows_swz<D, BM, GT, 64, 128>(p, w, hk, g0, smem, cw * 64, ctid & 127);
+        } else if ((ctid & 127) == 0) {
+            for (int blk = 0; blk < D / 64; blk++)
+                tma_store(maps.o, blk * 64, hk * p.group + g0, (int)(w.q_start + w.i0 + cw * (QT / 2)),
+                          q_addr + blk * BM * 128 + cw * 64 * 128);
+            tma_store_commit_wait_read();
+        }
     }
     if (cw == 0) turn_wait(0); /* consumer 1's last pass (each waits nt times, consumer 0 is passed nt + 1) */
 #endif

@@ -552,7 +552,7 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
 outputs:
     if (!p->out) return pa_fail(ctx, PA_ERR_ARGUMENT, "out: missing");
     TRY(check_common(ctx, "out", p->out, dev));
-    TRY(check_dtype(ctx, "out", p->out, q->dtype));
+    TRY(check_dtype(ctx, "out", p->out, ctx && ctx->out_f32 ? PA_F32 : q->dtype));
     {
         int64_t dims[PA_MAX_DIMS];
         for (int i = 0; i < q->ndim; i++) dims[i] = q->shape[i];
@@ -561,6 +561,7 @@ outputs:
     if (p->out == q || p->out == kc || p->out == vc)
         return pa_fail(ctx, PA_ERR_ARGUMENT, "out: must not be q or a cache");
     pb->out = p->out->data;
+    pb->out_dtype = p->out->dtype;
     if (p->softmax_lse) {
         const pa_tensor *l = p->softmax_lse;
         TRY(check_common(ctx, "softmax_lse", l, dev));

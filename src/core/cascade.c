@@ -498,10 +498,13 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     const size_t es = pa_dtype_size(dt);
     const bool rotary = p->rotary_cos != NULL;
     const bool step = p->causal || p->window_left >= 0 || causal_right >= 0; /* q rotated at each token's position */
+    /* both levels write f32 (o_sh, o_u), which the merge rounds once to
+     * the dtype, as a plain call rounds its output once */
     const size_t q_sh_off = 0;
     const size_t o_sh_off = q_sh_off + align_bytes((size_t)(S * H * D) * es);
-    const size_t lse_sh_off = o_sh_off + align_bytes((size_t)(S * H * D) * es);
-    const size_t lse_u_off = lse_sh_off + align_bytes((size_t)(S * H) * 4);
+    const size_t lse_sh_off = o_sh_off + align_bytes((size_t)(S * H * D) * 4);
+    const size_t o_u_off = lse_sh_off + align_bytes((size_t)(S * H) * 4);
+    const size_t lse_u_off = o_u_off + align_bytes((size_t)T * (size_t)(H * D) * 4);
     const size_t q_rot_off = lse_u_off + (p->softmax_lse ? 0 : align_bytes((size_t)T * (size_t)H * 4));
     const size_t dummy_off = q_rot_off + (rotary ? align_bytes((size_t)T * (size_t)(H * D) * es) : 0);
     const size_t total = dummy_off + (rotary ? align_bytes((size_t)T * (size_t)(Hk * D) * es) : 0);
@@ -562,7 +565,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     /* the shared level: each group's queries over its prefix, unmasked */
     const int64_t sh_shape[3] = {S, H, D}, sh_lse_shape[2] = {H, S};
     pa_tensor q_sh = view_of(dev, dt, base + q_sh_off, 3, sh_shape);
-    pa_tensor o_sh = view_of(dev, dt, base + o_sh_off, 3, sh_shape);
+    pa_tensor o_sh = view_of(dev, PA_F32, base + o_sh_off, 3, sh_shape);
     pa_tensor lse_sh = view_of(dev, PA_F32, base + lse_sh_off, 2, sh_lse_shape);
     {
         pa_rows_problem rp = rows_problem(dev, dt, H, D, S, q_use->data, q_sh.data);
@@ -584,16 +587,20 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     sp.softmax_scale = p->softmax_scale;
     sp.softcap = p->softcap;
     sp.num_splits = p->num_splits;
+    ctx->out_f32 = true;
     st = pa_attention_varlen(ctx, &sp);
+    ctx->out_f32 = false;
     if (st) return pa_fail_prefix(ctx, st, "batch:attention (shared level)");
     ci->last_calls++;
 
     /* the suffix level: the plain call over the pages past each prefix */
     pa_tensor lse_u;
     const int64_t lse_seq = varlen ? T : q->shape[1];
+    pa_tensor o_u = view_of(dev, PA_F32, base + o_u_off, q->ndim, q->shape);
     {
         pa_attention_params up = pp;
         up.q = q_use;
+        up.out = &o_u;
         up.k = k_use;
         up.v = v_use;
         if (rotary) up.rotary_cos = up.rotary_sin = NULL;
@@ -605,33 +612,36 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
             lse_u = varlen ? view_of(dev, PA_F32, base + lse_u_off, 2, l2) : view_of(dev, PA_F32, base + lse_u_off, 3, l3);
             up.softmax_lse = &lse_u;
         }
+        ctx->out_f32 = true;
         st = varlen ? pa_attention_varlen(ctx, &up) : pa_attention_with_kvcache(ctx, &up);
+        ctx->out_f32 = false;
         if (st) return pa_fail_prefix(ctx, st, "batch:attention (suffix level)");
         ci->last_calls++;
     }
 
-    /* the shared level's rows merged in place into out (and lse); the
-     * other rows are the suffix level's as they stand */
-    const int32_t *shared_rows = field(b, PA_BATCH_PREFIX_ROWS)->data;
+    /* out: every row from the suffix level's, merged with the shared
+     * level's where the row has one (row_of: -1 where not), rounded once;
+     * lse in place */
     pa_merge_problem mp;
     memset(&mp, 0, sizeof mp);
     mp.dev = dev;
     mp.dtype = dt;
+    mp.state_dtype = PA_F32;
     mp.num_states = 2;
     mp.heads = (int32_t)H;
     mp.head_dim = (int32_t)D;
-    mp.rows = S;
-    mp.out_rows = shared_rows;
-    mp.states[0].o = p->out->data;
+    mp.rows = T;
+    mp.states[0].o = o_u.data;
     mp.states[0].lse = p->softmax_lse ? p->softmax_lse->data : lse_u.data;
     mp.states[0].lse_seq = lse_seq;
-    mp.states[0].rows = shared_rows;
     mp.states[1].o = o_sh.data;
     mp.states[1].lse = lse_sh.data;
     mp.states[1].lse_seq = S;
+    mp.states[1].rows = field(b, PA_BATCH_PREFIX_ROW_OF)->data;
     mp.out = p->out->data;
     mp.out_lse = p->softmax_lse ? p->softmax_lse->data : NULL;
     mp.out_lse_seq = lse_seq;
+    pa_mirror_invalidate(p->out);
     st = pa_merge_run(ctx, &mp);
     if (st) return pa_fail_prefix(ctx, st, "batch:attention (merge)");
     return PA_OK;

@@ -37,6 +37,9 @@ struct pa_context {
     char message[PA_ERRMSG_LEN];
     pa_bt_checked bt; /* one thread uses a context at a time (pagedattn.h) */
     bool check_only;  /* attention calls validate and return (pa_attention_check) */
+    /* attention calls take an f32 out whatever q's dtype: the cascade's two
+     * levels, which its merge then rounds once (cascade.c) */
+    bool out_f32;
 };
 
 /* Records a failure on ctx (may be NULL) and returns status, so that callers
@@ -191,6 +194,7 @@ struct pa_attn_problem {
 
     const void *q;
     void *out;
+    pa_dtype out_dtype; /* dtype, or f32 (the cascade's levels: pa_context.out_f32) */
     float *lse; /* maybe */
     int64_t lse_head_stride;
 
@@ -259,7 +263,8 @@ typedef struct pa_merge_state {
 
 struct pa_merge_problem {
     pa_device *dev;
-    pa_dtype dtype;
+    pa_dtype dtype;       /* out's */
+    pa_dtype state_dtype; /* the states' o: dtype, or f32 (the cascade's levels) */
     int32_t num_states; /* 1 .. PA_MERGE_MAX_STATES */
     int32_t heads, head_dim;
     int64_t rows;

@@ -128,7 +128,7 @@ pa_status pa_merge_states(pa_context *ctx, const pa_merge_params *p) {
     pa_merge_problem mp;
     memset(&mp, 0, sizeof mp);
     mp.dev = dev;
-    mp.dtype = o0->dtype;
+    mp.dtype = mp.state_dtype = o0->dtype;
     mp.num_states = S;
     mp.heads = (int32_t)H;
     mp.head_dim = (int32_t)D;

@@ -301,7 +301,7 @@ static void combine_item(void *arg, int64_t item, int thread) {
             lse = mx + logf(sum);
         }
         const int64_t off = ((p->h_q_start[t->b] + i) * H + h) * (int64_t)D;
-        for (int d = 0; d < D; d++) pa_store_f32(p->out, p->dtype, off + d, acc[d]);
+        for (int d = 0; d < D; d++) pa_store_f32(p->out, p->out_dtype, off + d, acc[d]);
         if (p->lse) p->lse[p->h_lse_start[t->b] + (int64_t)h * p->lse_head_stride + i] = lse;
     }
 }

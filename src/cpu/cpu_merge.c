@@ -89,7 +89,7 @@ static void merge_item(void *arg, int64_t item, int thread) {
                 for (int s = 0; s < S; s++) {
                     if (w[s] == 0) continue; /* not read: an empty state's o may hold anything */
                     const float ws = w[s] * inv;
-                    load_row(v, p->states[s].o, p->dtype, (row[s] * H + h) * (int64_t)D, D);
+                    load_row(v, p->states[s].o, p->state_dtype, (row[s] * H + h) * (int64_t)D, D);
                     for (int d = 0; d < D; d++) {
                         acc[d] += ws * v[d];
                         lo[d] = v[d] < lo[d] ? v[d] : lo[d];

@@ -11,7 +11,7 @@
 
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
-_Static_assert(sizeof(pa_attn_params) == 232, "pa_attn_params layout");
+_Static_assert(sizeof(pa_attn_params) == 240, "pa_attn_params layout");
 _Static_assert(sizeof(pa_append_params) == 200, "pa_append_params layout");
 
 /* One TMA descriptor of the call's dtype (rank 3 or 5): dims innermost
@@ -69,7 +69,9 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const pa_ke
         const uint32_t qbox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile};
         st = tma_map(ctx, p, 3, p->q, qdims, qstrides, qbox, out->q);
     }
-    out->o_tma = st == PA_OK && rows && ((uintptr_t)p->out & 15) == 0 && t->prefill_tma_o;
+    /* (an f32 out, the cascade's levels, leaves from the registers) */
+    const bool out16 = p->out_dtype == p->dtype;
+    out->o_tma = st == PA_OK && rows && out16 && ((uintptr_t)p->out & 15) == 0 && t->prefill_tma_o;
     if (out->o_tma) {
         const uint32_t obox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile / 2};
         st = tma_map(ctx, p, 3, p->out, qdims, qstrides, obox, out->o);
@@ -172,6 +174,7 @@ static pa_status launch_part(pa_context *ctx, CUstream stream, const pa_attn_pro
     ap.q = plan->rotate_q ? buf->scratch + plan->q_rot_off : (pa_u64)(uintptr_t)p->q;
     ap.q_f32 = plan->rotate_q;
     ap.out = (pa_u64)(uintptr_t)p->out;
+    ap.out_f32 = p->out_dtype == PA_F32 && p->dtype != PA_F32;
     ap.lse = (pa_u64)(uintptr_t)p->lse;
     ap.k_cache = (pa_u64)(uintptr_t)p->k_cache;
     ap.v_cache = (pa_u64)(uintptr_t)p->v_cache;

@@ -66,6 +66,7 @@ pa_status pa_cuda_merge(pa_context *ctx, const pa_merge_problem *p) {
     k.num_states = p->num_states;
     k.heads = p->heads;
     k.head_dim = p->head_dim;
+    k.states_f32 = p->state_dtype == PA_F32 && p->dtype != PA_F32;
     return launch(ctx, p->dev, p->dtype, "pa_merge_states", &k);
 }
 
