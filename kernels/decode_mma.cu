@@ -744,14 +744,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                         const float sc = none ? 0.f : inv * vscale;
                         const float x[4] = {o[n][0] * sc, o[n + 1][0] * sc, o[n][1] * sc, o[n + 1][1] * sc};
                         const i64 at = dst - 2 * t4 + 8 * n + 4 * t4;
-                        if (p.out_f32) {
-#pragma unroll
-                            for (int i = 0; i < 4; i++) ((float *)p.out)[at + i] = x[i];
-                        } else if ((p.out & 7) == 0) {
+                        if (!p.out_f32 && (p.out & 7) == 0) {
                             *(uint2 *)((u16 *)p.out + at) = make_uint2(pack2(x[0], x[1]), pack2(x[2], x[3]));
                         } else {
 #pragma unroll
-                            for (int i = 0; i < 4; i++) pa_elem<PA_DTYPE>::store((void *)p.out, at + i, x[i]);
+                            for (int i = 0; i < 4; i++) pa_store_out<PA_DTYPE>(p, at + i, x[i]);
                         }
                         continue;
                     }
@@ -760,14 +757,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                         a *= vscale;
                         b *= vscale;
                     }
-                    if (p.out_f32) {
-                        ((float *)p.out)[dst + n * 8] = a;
-                        ((float *)p.out)[dst + n * 8 + 1] = b;
-                    } else if (vec) {
+                    if (!p.out_f32 && vec) {
                         *(u32 *)((u16 *)p.out + dst + n * 8) = pack2(a, b);
                     } else {
-                        pa_elem<PA_DTYPE>::store((void *)p.out, dst + n * 8, a);
-                        pa_elem<PA_DTYPE>::store((void *)p.out, dst + n * 8 + 1, b);
+                        pa_store_out<PA_DTYPE>(p, dst + n * 8, a);
+                        pa_store_out<PA_DTYPE>(p, dst + n * 8 + 1, b);
                     }
                 }
                 if (t4 == 0 && p.lse) pa_store_lse(p, w, h, qi, none ? -PA_INF : m0 + pa_log2(l0));
@@ -862,16 +856,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             const float lse2 = mx == -PA_INF ? -PA_INF : mx + pa_log2(l);
             if (w.nsplit == 1) {
                 const i64 dst = ((w.q_start + qi) * p.heads + h) * (i64)D + lane * V;
-                if (p.out_f32) {
-#pragma unroll
-                    for (int v = 0; v < V; v++) ((float *)p.out)[dst + v] = acc[v];
-                } else if (V == 4 && vec_out) {
+                if (V == 4 && vec_out && !p.out_f32) {
                     *(uint2 *)((u16 *)p.out + dst) = make_uint2(pack2(acc[0], acc[1]), pack2(acc[2 % V], acc[3 % V]));
-                } else if (V == 2 && vec_out) {
+                } else if (V == 2 && vec_out && !p.out_f32) {
                     *(u32 *)((u16 *)p.out + dst) = pack2(acc[0], acc[1 % V]);
                 } else {
 #pragma unroll
-                    for (int v = 0; v < V; v++) pa_elem<PA_DTYPE>::store((void *)p.out, dst + v, acc[v]);
+                    for (int v = 0; v < V; v++) pa_store_out<PA_DTYPE>(p, dst + v, acc[v]);
                 }
                 if (lane == 0 && p.lse) pa_store_lse(p, w, h, qi, lse2);
             } else {
