@@ -4,7 +4,7 @@
 --   scripts/run scripts/bench_cascade.lua [--preset gpu|cpu] [--device NAME]
 --        [--batch N] [--prefix N] [--suffix N] [--page N] [--dtype bf16]
 --        [--heads 32] [--kv-heads 8] [--head-dim 128] [--seconds S]
---        [--ceiling-seconds S] [--cached-ceilings]
+--        [--ceiling-seconds S] [--cached-ceilings] [--tuning F=V,...]
 -- Workloads (issue 50): `batch` decodes (one new token each) that share a
 -- `prefix`-token prompt, each with its own `suffix` tokens after it (the new
 -- token included), pages in random order; and the same keys without sharing
@@ -20,7 +20,8 @@
 -- read" is a call's bytes read (plain: every sequence's keys) per second over
 -- the ceiling. Presets: gpu 256 x (4096 + 512), bf16, 32/8 heads, D 128, page
 -- 16 (the issue's); cpu 32 x (1024 + 128) (the default without a GPU).
--- A benchmark, not a test: it prints figures and never fails.
+-- --tuning: the device's tuning fields set for both calls (pagedattn.tuning,
+-- e.g. "split_waves=2"). A benchmark, not a test: it prints figures and never fails.
 local pa = require "pagedattn"
 local ceilings = require "pagedattn.ceilings"
 local stats = require "pagedattn.sweep.stats"
@@ -37,7 +38,7 @@ local function usage(msg)
   if msg then io.stderr:write("bench_cascade: " .. msg .. "\n") end
   io.stderr:write("usage: scripts/run scripts/bench_cascade.lua [--preset gpu|cpu] [--device NAME] [--batch N] " ..
     "[--prefix N] [--suffix N] [--page N] [--dtype bf16|f16|f32] [--heads N] [--kv-heads N] [--head-dim N] " ..
-    "[--seconds S] [--ceiling-seconds S] [--cached-ceilings]\n")
+    "[--seconds S] [--ceiling-seconds S] [--cached-ceilings] [--tuning F=V,...]\n")
   os.exit(msg and 2 or 0)
 end
 do
@@ -48,7 +49,7 @@ do
     if k == "cached-ceilings" then
       args.cached = true
       i = i + 1
-    elseif k == "preset" or k == "device" or k == "dtype" or numeric[k] then
+    elseif k == "preset" or k == "device" or k == "dtype" or k == "tuning" or numeric[k] then
       local v = arg[i + 1]
       if v == nil then usage("--" .. k .. " needs a value") end
       if numeric[k] then
@@ -64,6 +65,12 @@ do
 end
 
 local dev = assert(pa.device(args.device))
+if args.tuning then
+  local ok, list = pcall(require("pagedattn.tuning").parse_configs, args.tuning)
+  if not ok or #list ~= 1 then usage("--tuning: " .. tostring(ok and "one config expected" or list)) end
+  local set_ok, err = pcall(dev.set_tuning, dev, list[1].fields)
+  if not set_ok then usage("--tuning: " .. tostring(err)) end
+end
 local preset = args.preset or (dev.kind == "cuda" and "gpu" or "cpu")
 if not PRESETS[preset] then usage("--preset takes gpu or cpu") end
 for k, v in pairs(PRESETS[preset]) do if args[k] == nil then args[k] = v end end

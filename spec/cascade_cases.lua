@@ -297,15 +297,18 @@ end
 
 -- Random sharing structures and options against the plain call (caches bit
 -- for bit) and the reference (the tolerance rule).
-function M.cascade_random(dev, name, cases, spec)
+-- shape (maybe): the lists to draw dtypes, pages and head dims from (the
+-- kernels' own shapes, where a spec forces each kernel in turn)
+function M.cascade_random(dev, name, cases, spec, shape)
   SPEC = spec
+  shape = shape or {}
   local used, reasons = 0, {}
   for case = 1, cases do
     local seed = H.seed("cascade-" .. name, case)
     local rng = ref.rng(seed)
-    local dtype = pick(rng, { "f32", "f32", "bf16", "f16" })
-    local ps = pick(rng, { 1, 3, 4, 16 })
-    local Hk, G, D = pick(rng, { 1, 2 }), pick(rng, { 1, 2, 4 }), pick(rng, { 8, 16, 32 })
+    local dtype = pick(rng, shape.dtypes or { "f32", "f32", "bf16", "f16" })
+    local ps = pick(rng, shape.pages or { 1, 3, 4, 16 })
+    local Hk, G, D = pick(rng, { 1, 2 }), pick(rng, { 1, 2, 4 }), pick(rng, shape.dims or { 8, 16, 32 })
     local Hq = Hk * G
     -- an fp8 cache (its scales, per tensor or per kv head, go into every level's calls)
     local kvd, ks, vs = dtype, nil, nil

@@ -32,6 +32,24 @@ describe("#gpu shared prefixes read once (cascade) on the GPU", function()
     cases.cascade_random(dev, "gpu", H.scale(36), SPEC)
   end)
 
+  it("#gpu gives the plain call's results on each kernel the levels run on (forced), their rows in f32", function()
+    -- the levels write f32 rows for 16-bit q (the kernels' out_f32): each
+    -- kernel's own store of them, prefill_ws's from its registers among them
+    local forced = { { prefill_kernel = "mma" }, { decode_kernel = "simt" }, { fallback = 1 } }
+    if G.cc_major(dev) >= 9 then
+      table.insert(forced, 1, { prefill_kernel = "ws" })
+      table.insert(forced, 2, { prefill_kernel = "wgmma" })
+    end
+    local shape = { dtypes = { "bf16", "f16" }, pages = { 16 }, dims = { 64, 128 } }
+    if dev.kind ~= "cuda" then -- (the CPU dry run: no kernels to force)
+      return cases.cascade_random(dev, "gpu forced", H.scale(6), SPEC, shape)
+    end
+    for _, t in ipairs(forced) do
+      local k, v = next(t)
+      dev:with_tuning(t, cases.cascade_random, dev, "gpu forced " .. k .. "=" .. v, H.scale(6), SPEC, shape)
+    end
+  end)
+
   it("#gpu rotates q where the plain call does", function()
     cases.cascade_rotary(dev, SPEC)
   end)
