@@ -48,22 +48,24 @@
 #endif
 
 #define WARPS 8
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
+#endif
+#define FP8 PA_DT_IS_FP8(PA_KV)
 /* blocks a SM the registers must allow, and v chunks a lane a pass of the
  * new tokens' 16-byte path (append_new8; its rotary items a lane a pass half
- * that) */
+ * that). fp8 caches: three blocks (85 registers, no spills against 180
+ * bytes at 64): 64 x 512 tokens e4m3 137.9 -> 126.6 us, H100; two, or four
+ * chunks a pass, were slower, and 16-bit caches gain nothing (100.7 /
+ * 100.4 us); docs/fp8.md. */
 #ifndef PA_APPEND_MINB
-#define PA_APPEND_MINB 4
+#define PA_APPEND_MINB (FP8 ? 3 : 4)
 #endif
 #ifndef PA_APPEND_KV
 #define PA_APPEND_KV 2
 #endif
 #define STAGE 512 /* elements of a token's rows staged at once per warp (whole heads) */
 #define MAX_HALF 128 /* rotary_dim / 2 <= head_dim / 2 <= 128 */
-
-#ifndef PA_KV
-#define PA_KV PA_DTYPE
-#endif
-#define FP8 PA_DT_IS_FP8(PA_KV)
 
 typedef pa_elem<PA_DTYPE> E;
 #define ESZ (PA_DTYPE == PA_DT_F32 ? 4 : 2)
@@ -210,12 +212,10 @@ template <> struct out8<OUT_KV> {
     }
 };
 
-/* fp8: 1 / scale of kv head hk, in double, correctly rounded (the host's
- * 1.0 / scale) */
+/* fp8: 1 / scale of kv head hk, in double: the host's 1.0 / scale, so
+ * that both backends store the same bytes by one definition */
 __device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
-    const u64 per_head = is_k ? p.k_scales : p.v_scales;
-    const float s = per_head ? ((const float *)per_head)[hk] : (is_k ? p.k_scale : p.v_scale);
-    return __drcp_rn((double)s); /* (correctly rounded: 1.0 / s, without a division's slow path) */
+    return ((const double *)p.inv_scales)[(is_k ? 0 : p.kv_heads) + hk];
 }
 
 /* Rotary chunks of a token's `heads` rows (rows8_pass's items) */
@@ -604,7 +604,9 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
  * (pa_dequant_params), zeros past the sequence's last key (the entries past
  * its pages are not read): 8 elements a thread at a time, an 8-byte load, each
  * times its kv head's scale in double (exact) and rounded once, a 16-byte
- * store. Only in the fp8 modules of a 16-bit q (elsewhere: nothing). */
+ * store; a thread's DQ_UNROLL loads go out before its first conversion. Only
+ * in the fp8 modules of a 16-bit q (elsewhere: nothing). */
+#define DQ_UNROLL 4
 extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_params p) {
     if constexpr (FP8 && ESZ == 2) {
         const int b = (int)(blockIdx.x / (unsigned)p.width), j = (int)(blockIdx.x - (unsigned)b * (unsigned)p.width);
@@ -620,17 +622,30 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
         }
         if (n == 0) return;
         const i64 src = (i64)((const int *)p.block_table)[(i64)b * p.bt_stride + j] * p.page_stride;
-        for (int c = threadIdx.x; c < 2 * n; c += blockDim.x) {
-            const bool is_v = c >= n;
-            const int cc = is_v ? c - n : c, hk = (cc % row) / per;
-            const u64 sc = is_v ? p.v_scales : p.k_scales;
-            const double s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
-            float x[8];
-            pa_load8<PA_KV>((const u8 *)(is_v ? p.v_cache : p.k_cache) + src + 8 * (i64)cc, x);
-            out8<OUT_DT> y;
+        const u8 *kin = (const u8 *)p.k_cache + src, *vin = (const u8 *)p.v_cache + src;
+        for (int c0 = threadIdx.x; c0 < 2 * n; c0 += DQ_UNROLL * blockDim.x) {
+            uint2 raw[DQ_UNROLL];
 #pragma unroll
-            for (int i = 0; i < 8; i++) y.put(i, (double)x[i] * s);
-            y.flush((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2, 0);
+            for (int u = 0; u < DQ_UNROLL; u++) {
+                const int c = c0 + u * blockDim.x, cc = c >= n ? c - n : c;
+                if (c < 2 * n) raw[u] = *(const uint2 *)((c >= n ? vin : kin) + 8 * (i64)cc);
+            }
+#pragma unroll
+            for (int u = 0; u < DQ_UNROLL; u++) {
+                const int c = c0 + u * blockDim.x;
+                if (c >= 2 * n) break;
+                const bool is_v = c >= n;
+                const int cc = is_v ? c - n : c, hk = (cc % row) / per;
+                const u64 sc = is_v ? p.v_scales : p.k_scales;
+                const double s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
+                float x[8];
+                pa_fp8x4_to_f32<PA_KV>(raw[u].x, *(float(*)[4])x);
+                pa_fp8x4_to_f32<PA_KV>(raw[u].y, *(float(*)[4])(x + 4));
+                out8<OUT_DT> y;
+#pragma unroll
+                for (int i = 0; i < 8; i++) y.put(i, (double)x[i] * s);
+                y.flush((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2, 0);
+            }
         }
     }
 }

@@ -163,11 +163,12 @@ typedef struct pa_append_params {
      * are row n of k_new / v_new), so their loads need no meta */
     pa_i32 new_dense;
     /* fp8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
-     * head, rounded once (the host's definition); k_scales / v_scales
-     * (maybe 0): f32 [kv_heads], else k_scale / v_scale for every head */
-    float k_scale, v_scale;
-    pa_i32 unused_; /* (the pointers after it 8-byte aligned) */
-    pa_u64 k_scales, v_scales;
+     * head, rounded once (the host's definition); inv_scales: f64
+     * [2][kv_heads], the 1 / scale of each head's k then v, divided by the
+     * host and uploaded with the plan: one definition of the bytes for
+     * both backends, and no reciprocal a chunk */
+    pa_i32 unused_; /* (the pointer after it 8-byte aligned) */
+    pa_u64 inv_scales;
 } pa_append_params;
 
 /* append.cu's pa_dequant (fp8 caches, prefill on the Hopper kernels): the

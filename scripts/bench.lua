@@ -29,7 +29,7 @@
 --   --config-layouts 16,256,0: the layouts of those runs (page sizes, 0
 --   unpaged; default 16);
 --   --prefill-configs: the same for the page-16 prefill workloads;
---   --append-configs: the same for the rotary append rows;
+--   --append-configs: the same for the rotary append rows (and the fp8 64x512 row);
 --   --decode-workloads 8x16384,8x65536: more page-16 decode workloads (B x
 --   keys), in the main table and in every config's run (fits of time against
 --   bytes: a fixed cost per call and a streaming rate); a workload
@@ -312,6 +312,7 @@ if run_decode then
   with_configs(configs.append, function(config)
     append(64, 512, 16, " [" .. config .. "]")
     append(256, 1, 16, " [" .. config .. "]")
+    if fp8 then append(64, 512, 16, " [" .. config .. "]", "fp8_e4m3") end
   end)
   -- tuning sweeps
   with_configs(configs.decode, function(config)

@@ -82,7 +82,12 @@ describe("#gpu fp8 caches on CUDA", function()
                            cfg(long, { rot = true, il = true, per_head = false, Hk = 4, D = 64, entry = "pa_append_new8" }),
                            cfg(long, { rot = true, il = false, per_head = true, big = true, Hk = 8, D = 64, rd = 32,
                              entry = "pa_append_new8" }),
-                           cfg(long, { rot = false, per_head = true, Hk = 2, D = 128, entry = "pa_append_new8" }) }) do
+                           cfg(long, { rot = false, per_head = true, Hk = 2, D = 128, entry = "pa_append_new8" }),
+                           -- (1 / scale exactly an f32: the products in f32, past the range and below it)
+                           cfg(long, { rot = false, per_head = false, big = true, Hk = 2, D = 128,
+                             entry = "pa_append_new8" }),
+                           cfg(long, { rot = false, per_head = false, tiny = true, Hk = 2, D = 128,
+                             entry = "pa_append_new8" }) }) do
         local rng = H.rng("gpu fp8 append " .. fmt, i)
         local B, S, Hk, D, page = c.B, c.S, c.Hk, c.D, 16
         -- each sequence's pages, in a shuffled order of the pool's
@@ -110,9 +115,12 @@ describe("#gpu fp8 caches on CUDA", function()
           local mult = c.big and (fmt == "fp8_e4m3" and 300 or 40000) or 1
           local k = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 1))
           local v = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 2))
-          if mult ~= 1 then
-            k = assert(pa.from_table((function(t) for j = 1, #t do t[j] = t[j] * mult end return t end)(k:to_table()),
-              k.shape, "bf16", d))
+          local function times(t, m) for j = 1, #t do t[j] = t[j] * m end return t end
+          if mult ~= 1 then k = assert(pa.from_table(times(k:to_table(), mult), k.shape, "bf16", d)) end
+          if c.tiny then -- fp8 subnormals and zeros
+            local m = fmt == "fp8_e4m3" and 2 ^ -8 or 2 ^ -15
+            k = assert(pa.from_table(times(k:to_table(), m), k.shape, "bf16", d))
+            v = assert(pa.from_table(times(v:to_table(), m), v.shape, "bf16", d))
           end
           local q = assert(pa.randn({ B, S, 2 * Hk, D }, "bf16", d, 3))
           local opts = { k = k, v = v, cache_seqlens = c.seqlens, block_table = bt, causal = true,

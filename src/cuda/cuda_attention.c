@@ -100,6 +100,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
         st = pa_cuda_function(ctx, impl, append_mod, "pa_dequant", 0, &dequant_fn);
         pa_cuda_dequant_layout(&dq, p, &plan);
     }
+    if (st == PA_OK) pa_cuda_append_scales_layout(p, &plan);
     void *host = NULL;
     int slot = 0;
     pa_cuda_buffers bufs = {0, 0, 0};
@@ -112,6 +113,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     if (st == PA_OK) {
         pa_cuda_plan_write(pp, &plan, host);
         if (dq.on) pa_cuda_dequant_write(&dq, p, host);
+        pa_cuda_append_scales_write(p, &plan, host);
         impl->nlast = pa_cuda_records(&plan, append_mod ? append_mod->name : NULL, append_entry, &dq, p->batch, impl->last);
         st = queue(ctx, impl, p, &plan, slot, &bufs, append_fn, &dq, dequant_fn, maps);
     }

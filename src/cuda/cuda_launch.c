@@ -12,7 +12,7 @@
 _Static_assert(sizeof(pa_seq_meta) == 32, "pa_seq_meta layout");
 _Static_assert(sizeof(pa_work) == 64, "pa_work layout");
 _Static_assert(sizeof(pa_attn_params) == 240, "pa_attn_params layout");
-_Static_assert(sizeof(pa_append_params) == 200, "pa_append_params layout");
+_Static_assert(sizeof(pa_append_params) == 184, "pa_append_params layout");
 
 /* One TMA descriptor of the call's dtype (rank 3 or 5): dims innermost
  * first, the strides of the outer ones in bytes, 128-byte swizzle. */
@@ -79,6 +79,23 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const pa_ke
     return st;
 }
 
+void pa_cuda_append_scales_layout(const pa_attn_problem *p, pa_cuda_plan *plan) {
+    plan->inv_off = 0;
+    if (!plan->append || p->total_new == 0 || !pa_dtype_is_fp8(p->cache_dtype)) return;
+    plan->inv_off = (plan->upload_bytes + 255) & ~(size_t)255;
+    plan->upload_bytes = plan->inv_off + 2 * (size_t)p->kv_heads * sizeof(double);
+}
+
+void pa_cuda_append_scales_write(const pa_attn_problem *p, const pa_cuda_plan *plan, void *host) {
+    if (!plan->inv_off) return;
+    double *inv = (double *)((char *)host + plan->inv_off);
+    for (int32_t h = 0; h < p->kv_heads; h++) {
+        /* (the CPU's append divides the same way: the same bytes in the cache) */
+        inv[h] = 1.0 / (double)p->h_k_scales[h];
+        inv[p->kv_heads + h] = 1.0 / (double)p->h_v_scales[h];
+    }
+}
+
 pa_status pa_cuda_launch_prepare(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_plan *plan,
                                  const pa_cuda_tuning *t, pa_tma_maps maps[4]) {
     for (int i = 0; i < plan->nparts; i++) {
@@ -125,10 +142,7 @@ static pa_status launch_append(pa_context *ctx, CUstream stream, const pa_attn_p
     ap.q_per_seq = plan->q_per_seq;
     ap.new_dense = plan->new_dense;
     /* (fp8 caches; the kernel's PA_KV says whether it reads them) */
-    ap.k_scale = p->k_scale;
-    ap.v_scale = p->v_scale;
-    ap.k_scales = (pa_u64)(uintptr_t)p->k_scales;
-    ap.v_scales = (pa_u64)(uintptr_t)p->v_scales;
+    ap.inv_scales = plan->inv_off ? buf->plan + plan->inv_off : 0;
     void *args[] = {&ap};
     CUresult r = pa_cu.cuLaunchKernel(fn, (unsigned)plan->append_grid, 1, 1, 256, 1, 1, 0, stream, args, NULL);
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuLaunchKernel(pa_append)", __FILE__, __LINE__);

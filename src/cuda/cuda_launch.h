@@ -43,6 +43,12 @@ void pa_cuda_dequant_bind_scratch(pa_dequant_plan *dq, CUdeviceptr scratch);
 void pa_cuda_dequant_bind_upload(pa_dequant_plan *dq, const pa_attn_problem *p, CUdeviceptr plan);
 void pa_cuda_dequant_free(pa_dequant_plan *dq);
 
+/* An fp8 append's 1 / scale of each kv head (f64, k's then v's) in the
+ * upload, after what is there (plan->inv_off; 0 where the call writes no
+ * fp8 cache), and their values (from p's host copies of the scales). */
+void pa_cuda_append_scales_layout(const pa_attn_problem *p, pa_cuda_plan *plan);
+void pa_cuda_append_scales_write(const pa_attn_problem *p, const pa_cuda_plan *plan, void *host);
+
 /* prefill_ws's TMA descriptors of each part (host work only: before anything
  * is queued, so that a failure queues nothing). */
 pa_status pa_cuda_launch_prepare(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_plan *plan,

@@ -113,6 +113,9 @@ typedef struct pa_cuda_plan {
     int64_t nwork, part_rows, ncounters, nboxed, npaged;
     /* the upload (pinned staging -> the slot's device buffer) */
     size_t work_off, boxes_off, pages_off, upload_bytes;
+    /* fp8 appends: the kv heads' 1 / scale in double, k's then v's, at
+     * inv_off of the upload (cuda_launch.c's, after the plan's); 0: none */
+    size_t inv_off;
     /* device scratch */
     size_t part_o_off, part_lse_off, q_rot_off, scratch_bytes;
     /* the append launch (append_grid 0: none) */
