@@ -42,10 +42,11 @@ static void fake_info(const char *variant, int info[4]) {
     if (fake_kind_is(variant, "decode_mma")) {
         const int kpw = fake_key(variant, "kpw"), nw = fake_key(variant, "nw"), hw = fake_key(variant, "hw");
         const int tokens = hw ? kpw : kpw * nw;
+        const int esz = strstr(variant, "kv=fp8") ? 1 : 2; /* (fp8 stages hold one byte an element) */
         info[0] = 32 * nw;
         info[2] = tokens;
         info[3] = fake_key(variant, "maxp");
-        info[1] = stages * tokens * D * 2 * 2 * (hw ? 4 : 1) + info[3] * 4 * (fake_key(variant, "persist") ? 2 : 1);
+        info[1] = stages * tokens * D * esz * 2 * (hw ? 4 : 1) + info[3] * 4 * (fake_key(variant, "persist") ? 2 : 1);
     } else if (fake_kind_is(variant, "decode")) {
         info[0] = 128;
         info[2] = 32;

@@ -399,6 +399,18 @@ static void choice_checks(void) {
     plan_of("decode 64 x 4096, decode_max_blocks 5", &c, &H100, &t, &plan);
     EXPECT(plan.parts[0].kp.persistent && plan.parts[0].blocks == 5, "%lld blocks", (long long)plan.parts[0].blocks);
     pa_cuda_plan_free(&plan);
+    /* over an fp8 cache: four warps unless decode_wide 2 (eight measured slower there) */
+    c.p.cache_dtype = PA_FP8_E4M3;
+    plan_of("decode 64 x 4096, e4m3 cache", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "kv=fp8_e4m3") && has(&plan.parts[0], "persist=1") && has(&plan.parts[0], "nw=4"), "%s",
+           plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_wide = 2;
+    plan_of("decode 64 x 4096, e4m3 cache, decode_wide 2", &c, &H100, &t, &plan);
+    EXPECT(has(&plan.parts[0], "kv=fp8_e4m3") && has(&plan.parts[0], "nw=8"), "%s", plan.parts[0].kp.variant);
+    pa_cuda_plan_free(&plan);
+    c.p.cache_dtype = c.p.dtype;
     call_free(&c);
     /* eight warps at any length with decode_wide 2 (four by default at 512 keys) */
     uniform(&c, 64, 1, 512, PA_BF16, 128, 16, false);

@@ -129,8 +129,11 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
             nw8 = s->wide == 1;
         } else if (persist_long && !(s->split == 1 && units <= 2 * (int64_t)caps->sm_count)) {
             const int64_t max_units = (int64_t)t->decode_wide_max_units * caps->sm_count;
-            nw8 = t->decode_wide == 2 ||
-                  (t->decode_wide == 1 && s->seq_keys >= t->decode_wide_min_keys && units <= max_units);
+            /* (auto: never over fp8 caches, where eight warps were slower:
+             * e4m3, 64 x 4096 206.7 against 187.8 us, 8 x 32768 233.1
+             * against 226.4; H100, docs/fp8.md) */
+            nw8 = t->decode_wide == 2 || (t->decode_wide == 1 && !pa_dtype_is_fp8(p->cache_dtype) &&
+                                          s->seq_keys >= t->decode_wide_min_keys && units <= max_units);
         }
         *v = pa_variant_of(vk);
         pa_variant_set(v, PA_KEY_DTYPE, p->dtype);

@@ -44,8 +44,8 @@ static const field fields[] = {
       "splits there"),
     I(decode_max_blocks, 0, BIG, 0, 0, NULL, "persistent blocks launched at most; 0: as many as are resident"),
     I(decode_wide, 0, 2, 0, 1, "off|auto|always",
-      "eight-warp persistent blocks: off, auto (sequences of >= wide_min_keys in <= wide_max_units units a SM), "
-      "always (where their shared memory fits)"),
+      "eight-warp persistent blocks: off, auto (sequences of >= wide_min_keys in <= wide_max_units units a SM; "
+      "not over fp8 caches), always (where their shared memory fits)"),
     I(decode_wide_min_keys, 0, BIG, 0, 1024, NULL, "eight-warp blocks where the sequences average this many keys"),
     I(decode_wide_max_units, 0, 1 << 20, 0, 6, NULL, "eight-warp blocks where the units are at most this many a SM"),
     KPW(decode_short_kpw, 1, 0,
