@@ -54,25 +54,41 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) pa_merge_states(const _
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const float ws = w * inv;
         const i64 out_off = (ro * p.heads + h) * (i64)p.head_dim;
-        for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
-            const int d = d0 + lane;
-            float acc = 0.f, lo = PA_INF, hi = -PA_INF;
-            for (int s = 0; s < p.num_states; s++) {
-                const float wt = __shfl_sync(0xffffffffu, ws, s);
-                const i64 rs = __shfl_sync(0xffffffffu, row, s);
-                if (wt == 0.f || d >= p.head_dim) continue; /* (uniform over the warp but d) */
-                const i64 at = (rs * p.heads + h) * (i64)p.head_dim + d;
-                const float v = p.states_f32 ? ((const float *)p.states[s].o)[at] : E::load((const void *)p.states[s].o, at);
-                acc += wt * v;
-                lo = fminf(lo, v);
-                hi = fmaxf(hi, v);
-            }
-            if (d < p.head_dim) {
-                if (nan) acc = __int_as_float(0x7fc00000);
-                else if (m == -PA_INF) acc = 0.f;
-                else if (acc == acc) acc = acc < lo ? lo : (acc > hi ? hi : acc); /* (NaN from an o stays) */
-                E::store((void *)p.out, out_off + d, acc);
-            }
+        /* a lane's elements d = 32 c + lane, c < DC: each state's loads all
+         * out before its sums (a round trip a state, not one a state and 32
+         * elements) */
+        constexpr int DC = 256 / 32; /* (head dims up to 256: the core's PA_MAX_HEAD_DIM) */
+        float acc[DC], lo[DC], hi[DC];
+#pragma unroll
+        for (int c = 0; c < DC; c++) acc[c] = 0.f, lo[c] = PA_INF, hi[c] = -PA_INF;
+        for (int s = 0; s < p.num_states; s++) {
+            const float wt = __shfl_sync(0xffffffffu, ws, s);
+            const i64 rs = __shfl_sync(0xffffffffu, row, s);
+            if (wt == 0.f) continue; /* (uniform over the warp) */
+            const i64 at0 = (rs * p.heads + h) * (i64)p.head_dim + lane;
+            float v[DC];
+#pragma unroll
+            for (int c = 0; c < DC; c++)
+                if (32 * c + lane < p.head_dim)
+                    v[c] = p.states_f32 ? ((const float *)p.states[s].o)[at0 + 32 * c]
+                                        : E::load((const void *)p.states[s].o, at0 + 32 * c);
+#pragma unroll
+            for (int c = 0; c < DC; c++)
+                if (32 * c + lane < p.head_dim) {
+                    acc[c] += wt * v[c];
+                    lo[c] = fminf(lo[c], v[c]);
+                    hi[c] = fmaxf(hi[c], v[c]);
+                }
+        }
+#pragma unroll
+        for (int c = 0; c < DC; c++) {
+            const int d = 32 * c + lane;
+            if (d >= p.head_dim) break;
+            float x = acc[c];
+            if (nan) x = __int_as_float(0x7fc00000);
+            else if (m == -PA_INF) x = 0.f;
+            else if (x == x) x = x < lo[c] ? lo[c] : (x > hi[c] ? hi[c] : x); /* (NaN from an o stays) */
+            E::store((void *)p.out, out_off + d, x);
         }
         __syncwarp();
         if (lane == 0 && p.out_lse) {

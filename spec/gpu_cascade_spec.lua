@@ -46,7 +46,9 @@ describe("#gpu shared prefixes read once (cascade) on the GPU", function()
     end
     for _, t in ipairs(forced) do
       local k, v = next(t)
+      local t0 = pa.clock()
       dev:with_tuning(t, cases.cascade_random, dev, "gpu forced " .. k .. "=" .. v, H.scale(6), SPEC, shape)
+      io.stderr:write(string.format("  (cascade, %s=%s forced: %d cases in %.1f s)\n", k, v, H.scale(6), pa.clock() - t0))
     end
   end)
 
