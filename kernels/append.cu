@@ -54,7 +54,7 @@
 #define FP8 PA_DT_IS_FP8(PA_KV)
 /* blocks a SM the registers must allow, and v chunks a lane a pass of the
  * new tokens' 16-byte path (append_new8; its rotary items a lane a pass half
- * that). fp8 caches: three blocks (85 registers, no spills against 180
+ * that). fp8 caches: three blocks (80 registers, no spills against 180
  * bytes at 64): 64 x 512 tokens e4m3 137.9 -> 126.6 us, H100; two, or four
  * chunks a pass, were slower, and 16-bit caches gain nothing (100.7 /
  * 100.4 us); docs/fp8.md. */

@@ -226,4 +226,34 @@ describe("shared prefixes (batch{cascade = true})", function()
     assert.equal(2, b:cascade_info().calls)
     cache:close()
   end)
+
+  it("runs its two levels from the C API without a context (pa_batch_attention(NULL, ...))", function()
+    -- the levels' f32 rows are asked of the attention calls through the
+    -- context; a NULL one (the C API allows it) must work as with one
+    local ffi = require "ffi"
+    local C = require("pagedattn.core").C
+    local cache = assert(pa.kv_cache { num_pages = 64, page_size = 4, kv_heads = 2, head_dim = 16, dtype = "bf16" })
+    cache.k_cache:copy_from(pa.randn(cache.k_cache.shape, "bf16", "cpu", 1))
+    cache.v_cache:copy_from(pa.randn(cache.v_cache.shape, "bf16", "cpu", 2))
+    local sys = cache:sequence()
+    assert(sys:append(24))
+    local b = cache:batch { cascade = true }
+    for i = 1, 3 do
+      local s = assert(sys:fork())
+      assert(s:append(i))
+      b:add(s, 1)
+    end
+    assert(b:stage())
+    local q = pa.randn({ 3, 4, 16 }, "bf16", "cpu", 3)
+    local want = assert(b:attention(q, nil, nil, {}))
+    assert.equal("used", b:cascade_info().last)
+    local out = pa.tensor({ 3, 4, 16 }, "bf16", "cpu")
+    local p = ffi.new("pa_attention_params")
+    C.pa_attention_params_init(p)
+    p.q, p.out, p.k_cache, p.v_cache, p.causal = q.handle, out.handle, cache.k_cache.handle, cache.v_cache.handle, 1
+    assert.equal(0, C.pa_batch_attention(nil, b.handle, p))
+    assert.equal("used", b:cascade_info().last)
+    assert.same(want:to_table(), out:to_table())
+    cache:close()
+  end)
 end)

@@ -871,16 +871,23 @@ static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int
     return st;
 }
 
-pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen) {
+pa_status pa_attention_flagged(pa_context *ctx, const pa_attention_params *p, bool varlen, bool check_only,
+                               bool out_f32) {
     pa_context local;
     if (!ctx) { /* the message has nowhere to go, but the status still says it */
         memset(&local, 0, sizeof local);
         ctx = &local;
     }
-    const bool was = ctx->check_only;
-    ctx->check_only = true;
+    const bool was_check = ctx->check_only, was_f32 = ctx->out_f32;
+    ctx->check_only = check_only;
+    ctx->out_f32 = out_f32;
     pa_status st = varlen ? pa_attention_varlen(ctx, p) : pa_attention_with_kvcache(ctx, p);
-    ctx->check_only = was;
+    ctx->check_only = was_check;
+    ctx->out_f32 = was_f32;
     if (ctx == &local) free(local.bt.valid);
     return st;
+}
+
+pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen) {
+    return pa_attention_flagged(ctx, p, varlen, true, false);
 }

@@ -587,9 +587,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     sp.softmax_scale = p->softmax_scale;
     sp.softcap = p->softcap;
     sp.num_splits = p->num_splits;
-    ctx->out_f32 = true;
-    st = pa_attention_varlen(ctx, &sp);
-    ctx->out_f32 = false;
+    st = pa_attention_flagged(ctx, &sp, true, false, true);
     if (st) return pa_fail_prefix(ctx, st, "batch:attention (shared level)");
     ci->last_calls++;
 
@@ -612,9 +610,7 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
             lse_u = varlen ? view_of(dev, PA_F32, base + lse_u_off, 2, l2) : view_of(dev, PA_F32, base + lse_u_off, 3, l3);
             up.softmax_lse = &lse_u;
         }
-        ctx->out_f32 = true;
-        st = varlen ? pa_attention_varlen(ctx, &up) : pa_attention_with_kvcache(ctx, &up);
-        ctx->out_f32 = false;
+        st = pa_attention_flagged(ctx, &up, varlen, false, true);
         if (st) return pa_fail_prefix(ctx, st, "batch:attention (suffix level)");
         ci->last_calls++;
     }

@@ -301,7 +301,11 @@ struct pa_rows_problem {
 pa_status pa_merge_run(pa_context *ctx, const pa_merge_problem *p);
 pa_status pa_gather_rows_run(pa_context *ctx, const pa_rows_problem *p);
 
-/* attention.c: the whole validation of an attention call, nothing run. */
+/* attention.c: an attention call with the context's flags set for it (ctx
+ * may be NULL, as for the public calls): check_only, the whole validation
+ * and nothing run; out_f32, out in f32 whatever q's dtype (pa_context). */
+pa_status pa_attention_flagged(pa_context *ctx, const pa_attention_params *p, bool varlen, bool check_only,
+                               bool out_f32);
 pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen);
 
 /* Key range that query i of a sequence may attend: [*lo, *hi). */
