@@ -32,10 +32,10 @@ describe("#gpu shared prefixes read once (cascade) on the GPU", function()
     cases.cascade_random(dev, "gpu", H.scale(36), SPEC)
   end)
 
-  it("#gpu gives the plain call's results on each kernel the levels run on (forced), their rows in f32", function()
+  it("#gpu gives the plain call's results on each kernel the levels run on (forced), their rows in f32, on one stream or two", function()
     -- the levels write f32 rows for 16-bit q (the kernels' out_f32): each
     -- kernel's own store of them, prefill_ws's from its registers among them
-    local forced = { { prefill_kernel = "mma" }, { decode_kernel = "simt" }, { fallback = 1 } }
+    local forced = { { prefill_kernel = "mma" }, { decode_kernel = "simt" }, { fallback = 1 }, { cascade_overlap = 0 } }
     if G.cc_major(dev) >= 9 then
       table.insert(forced, 1, { prefill_kernel = "ws" })
       table.insert(forced, 2, { prefill_kernel = "wgmma" })

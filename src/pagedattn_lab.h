@@ -131,6 +131,9 @@ typedef struct pa_cuda_tuning {
     int32_t prefill_order;           /* ws: 1 blocks by sequence, longest first; 0 longest first over all */
     int32_t prefill_fp8;             /* fp8 caches: 1 prefill on the Hopper kernels over a 16-bit copy; 0 mma.sync */
     int32_t prefill_fp8_max_mb;      /* ... where the copy (K and V) takes at most this many MiB (1024) */
+    /* cascade */
+    int32_t cascade_overlap;         /* 1: the shared level on a second stream beside the suffix level; 0 one stream */
+    int32_t cascade_share;           /* ... its tiles split over this percent of a wave (25) */
     /* laboratory */
     int32_t timing_hold_us;          /* pa_device_timing: the stream held this long before a timed call (50) */
     char kernel_dir[256];            /* kernel sources read from here ("": the embedded ones) */

@@ -61,6 +61,8 @@ static const abi_entry entries[] = {
     FIELD(pa_cuda_tuning, prefill_order),
     FIELD(pa_cuda_tuning, prefill_fp8),
     FIELD(pa_cuda_tuning, prefill_fp8_max_mb),
+    FIELD(pa_cuda_tuning, cascade_overlap),
+    FIELD(pa_cuda_tuning, cascade_share),
     FIELD(pa_cuda_tuning, timing_hold_us),
     FIELD(pa_cuda_tuning, kernel_dir),
     FIELD(pa_cuda_tuning, nvrtc_options),

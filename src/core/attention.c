@@ -552,7 +552,7 @@ static pa_status build_problem(pa_context *ctx, const pa_attention_params *p, bo
 outputs:
     if (!p->out) return pa_fail(ctx, PA_ERR_ARGUMENT, "out: missing");
     TRY(check_common(ctx, "out", p->out, dev));
-    TRY(check_dtype(ctx, "out", p->out, ctx && ctx->out_f32 ? PA_F32 : q->dtype));
+    TRY(check_dtype(ctx, "out", p->out, ctx && ctx->flags.out_f32 ? PA_F32 : q->dtype));
     {
         int64_t dims[PA_MAX_DIMS];
         for (int i = 0; i < q->ndim; i++) dims[i] = q->shape[i];
@@ -693,7 +693,8 @@ static pa_status check_last_page_len(pa_context *ctx, const pa_attention_params 
 
 static pa_status run(pa_context *ctx, const pa_attention_params *p, pa_attn_problem *pb) {
     if (pb->total_q == 0 && pb->total_new == 0) return PA_OK;
-    if (ctx && ctx->check_only) return PA_OK; /* pa_attention_check: validated, nothing run */
+    if (ctx && ctx->flags.check_only) return PA_OK; /* pa_attention_check: validated, nothing run */
+    pb->lane = ctx ? ctx->flags.lane : 0;
     /* What the kernels write: the caches only when appending. A read-only
      * input is never written, so threads may share it (pagedattn.h). */
     if (pb->total_new > 0) {
@@ -871,23 +872,21 @@ static pa_status varlen(pa_context *ctx, const pa_attention_params *p, const int
     return st;
 }
 
-pa_status pa_attention_flagged(pa_context *ctx, const pa_attention_params *p, bool varlen, bool check_only,
-                               bool out_f32) {
+pa_status pa_attention_flagged(pa_context *ctx, const pa_attention_params *p, bool varlen, const pa_call_flags *f) {
     pa_context local;
     if (!ctx) { /* the message has nowhere to go, but the status still says it */
         memset(&local, 0, sizeof local);
         ctx = &local;
     }
-    const bool was_check = ctx->check_only, was_f32 = ctx->out_f32;
-    ctx->check_only = check_only;
-    ctx->out_f32 = out_f32;
+    const pa_call_flags was = ctx->flags;
+    ctx->flags = *f;
     pa_status st = varlen ? pa_attention_varlen(ctx, p) : pa_attention_with_kvcache(ctx, p);
-    ctx->check_only = was_check;
-    ctx->out_f32 = was_f32;
+    ctx->flags = was;
     if (ctx == &local) free(local.bt.valid);
     return st;
 }
 
 pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen) {
-    return pa_attention_flagged(ctx, p, varlen, true, false);
+    const pa_call_flags f = {.check_only = true};
+    return pa_attention_flagged(ctx, p, varlen, &f);
 }

@@ -204,6 +204,7 @@ static void write_cascade(pa_batch *b, int32_t n, int32_t *base, const size_t *o
     int32_t *sbt = base + off[PA_BATCH_SUFFIX_BLOCK_TABLE];
     int32_t *scs = base + off[PA_BATCH_SUFFIX_CACHE_SEQLENS];
     int32_t *ssu = base + off[PA_BATCH_SUFFIX_SEQUSED_K];
+    bool in_order = true;
     pcu[0] = 0;
     for (int32_t g = 0; g < G; g++) {
         const pa_seq *lead = b->entries[cp->group_lead[g]].seq;
@@ -224,6 +225,7 @@ static void write_cascade(pa_batch *b, int32_t n, int32_t *base, const size_t *o
                 const int32_t at = cp->group_q[g]++;
                 prows[at] = q0 + t;
                 row_of[q0 + t] = at;
+                in_order = in_order && at == q0 + t;
             } else {
                 row_of[q0 + t] = -1;
             }
@@ -235,6 +237,7 @@ static void write_cascade(pa_batch *b, int32_t n, int32_t *base, const size_t *o
         scs[i] = cache_seqlens[i] - pre * ps;
         ssu[i] = seqused[i] - pre * ps;
     }
+    b->plan.rows_in_order = in_order;
 }
 
 /* Returns the sequences of the undo record's first n entries to their state

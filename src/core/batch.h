@@ -55,6 +55,7 @@ typedef struct pa_cascade_plan {
     pa_cascade_node *nodes;
     struct { int32_t node, a, b, d0; } *stack;
     pa_batch_cascade_info info; /* the summary (last_* unused) */
+    bool rows_in_order; /* the groups' query rows are the batch's first shared_q, in order */
 } pa_cascade_plan;
 
 struct pa_batch {

@@ -564,10 +564,10 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
 
     /* the shared level: each group's queries over its prefix, unmasked */
     const int64_t sh_shape[3] = {S, H, D}, sh_lse_shape[2] = {H, S};
-    pa_tensor q_sh = view_of(dev, dt, base + q_sh_off, 3, sh_shape);
+    pa_tensor q_sh = view_of(dev, dt, b->plan.rows_in_order ? q_use->data : base + q_sh_off, 3, sh_shape);
     pa_tensor o_sh = view_of(dev, PA_F32, base + o_sh_off, 3, sh_shape);
     pa_tensor lse_sh = view_of(dev, PA_F32, base + lse_sh_off, 2, sh_lse_shape);
-    {
+    if (!b->plan.rows_in_order) { /* (in order: the groups' rows are q's first S) */
         pa_rows_problem rp = rows_problem(dev, dt, H, D, S, q_use->data, q_sh.data);
         rp.row_map = field(b, PA_BATCH_PREFIX_ROWS)->data;
         st = pa_gather_rows_run(ctx, &rp);
@@ -587,8 +587,20 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
     sp.softmax_scale = p->softmax_scale;
     sp.softcap = p->softcap;
     sp.num_splits = p->num_splits;
-    st = pa_attention_flagged(ctx, &sp, true, false, true);
-    if (st) return pa_fail_prefix(ctx, st, "batch:attention (shared level)");
+    /* The shared level is compute-bound (many queries over few keys), the
+     * suffix level bound by its reads: on a backend with lanes the shared
+     * level runs on lane 1 beside the suffix level, queued first so that its
+     * blocks take their SMs before the suffix level's fill the rest. */
+    const pa_backend_ops *ops = dev->ops;
+    const bool lanes = ops->lane_fork && ops->lane_join;
+    if (lanes && (st = ops->lane_fork(ctx, dev)) != PA_OK)
+        return pa_fail_prefix(ctx, st, "batch:attention (the second queue)");
+    const pa_call_flags shared_flags = {.out_f32 = true, .lane = lanes ? 1 : 0};
+    st = pa_attention_flagged(ctx, &sp, true, &shared_flags);
+    if (st) {
+        if (lanes) ops->lane_join(ctx, dev); /* (the failure is the call's, not the join's) */
+        return pa_fail_prefix(ctx, st, "batch:attention (shared level)");
+    }
     ci->last_calls++;
 
     /* the suffix level: the plain call over the pages past each prefix */
@@ -610,8 +622,11 @@ pa_status pa_batch_attention(pa_context *ctx, pa_batch *b, const pa_attention_pa
             lse_u = varlen ? view_of(dev, PA_F32, base + lse_u_off, 2, l2) : view_of(dev, PA_F32, base + lse_u_off, 3, l3);
             up.softmax_lse = &lse_u;
         }
-        st = pa_attention_flagged(ctx, &up, varlen, false, true);
+        const pa_call_flags suffix_flags = {.out_f32 = true};
+        st = pa_attention_flagged(ctx, &up, varlen, &suffix_flags);
+        pa_status st_join = lanes ? ops->lane_join(ctx, dev) : PA_OK;
         if (st) return pa_fail_prefix(ctx, st, "batch:attention (suffix level)");
+        if (st_join) return pa_fail_prefix(ctx, st_join, "batch:attention (joining the second queue)");
         ci->last_calls++;
     }
 

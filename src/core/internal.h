@@ -32,14 +32,22 @@ typedef struct pa_bt_checked {
     int64_t cap;
 } pa_bt_checked;
 
+/* How the core makes an attention call (pa_attention_flagged). */
+typedef struct pa_call_flags {
+    bool check_only; /* validate and return (pa_attention_check) */
+    /* out in f32 whatever q's dtype: the cascade's two levels, which its
+     * merge then rounds once (cascade.c) */
+    bool out_f32;
+    /* the backend's queue: 0, or 1, which runs beside 0 from a lane_fork
+     * to a lane_join (the cascade's shared level beside its suffix level) */
+    int lane;
+} pa_call_flags;
+
 struct pa_context {
     pa_status status;
     char message[PA_ERRMSG_LEN];
     pa_bt_checked bt; /* one thread uses a context at a time (pagedattn.h) */
-    bool check_only;  /* attention calls validate and return (pa_attention_check) */
-    /* attention calls take an f32 out whatever q's dtype: the cascade's two
-     * levels, which its merge then rounds once (cascade.c) */
-    bool out_f32;
+    pa_call_flags flags; /* of the attention call in progress (pa_attention_flagged) */
 };
 
 /* Records a failure on ctx (may be NULL) and returns status, so that callers
@@ -85,6 +93,12 @@ typedef struct pa_backend_ops {
      * log-sum-exp, and copying (and rotating) rows of q (merge.c) */
     pa_status (*merge)(pa_context *ctx, const pa_merge_problem *p);
     pa_status (*gather_rows)(pa_context *ctx, const pa_rows_problem *p);
+    /* maybe (NULL: one queue, pa_attn_problem.lane ignored): attention calls
+     * on lane 1 queue beside lane 0's; lane_fork makes lane 1 wait for what
+     * lane 0 has queued so far, lane_join makes lane 0 wait for what lane 1
+     * has. Every fork is joined before the public call returns. */
+    pa_status (*lane_fork)(pa_context *ctx, pa_device *dev);
+    pa_status (*lane_join)(pa_context *ctx, pa_device *dev);
 } pa_backend_ops;
 
 /* A backend as the core sees it. The registry (src/backends.c) lists them in
@@ -194,7 +208,8 @@ struct pa_attn_problem {
 
     const void *q;
     void *out;
-    pa_dtype out_dtype; /* dtype, or f32 (the cascade's levels: pa_context.out_f32) */
+    pa_dtype out_dtype; /* dtype, or f32 (the cascade's levels: pa_call_flags.out_f32) */
+    int lane;           /* the backend's queue (pa_call_flags.lane) */
     float *lse; /* maybe */
     int64_t lse_head_stride;
 
@@ -301,11 +316,9 @@ struct pa_rows_problem {
 pa_status pa_merge_run(pa_context *ctx, const pa_merge_problem *p);
 pa_status pa_gather_rows_run(pa_context *ctx, const pa_rows_problem *p);
 
-/* attention.c: an attention call with the context's flags set for it (ctx
- * may be NULL, as for the public calls): check_only, the whole validation
- * and nothing run; out_f32, out in f32 whatever q's dtype (pa_context). */
-pa_status pa_attention_flagged(pa_context *ctx, const pa_attention_params *p, bool varlen, bool check_only,
-                               bool out_f32);
+/* attention.c: an attention call made with flags f (pa_call_flags; ctx may
+ * be NULL, as for the public calls). */
+pa_status pa_attention_flagged(pa_context *ctx, const pa_attention_params *p, bool varlen, const pa_call_flags *f);
 pa_status pa_attention_check(pa_context *ctx, const pa_attention_params *p, bool varlen);
 
 /* Key range that query i of a sequence may attend: [*lo, *hi). */

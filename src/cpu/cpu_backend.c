@@ -567,6 +567,8 @@ static const pa_backend_ops cpu_ops = {
     NULL,
     cpu_merge,
     cpu_gather_rows,
+    NULL, /* lanes: each call runs to its end on the pool's threads */
+    NULL,
 };
 
 static int count_cpus(void) {

@@ -147,6 +147,9 @@ typedef struct pa_cuda_driver {
                                        const uint32_t *elem_strides, int interleave, int swizzle, int l2_promotion,
                                        int oob_fill);
     CUresult (*cuLaunchKernelEx)(const CUlaunchConfig *config, CUfunction fn, void **params, void **extra);
+    /* optional (NULL: every stream at the default priority) */
+    CUresult (*cuCtxGetStreamPriorityRange)(int *least, int *greatest);
+    CUresult (*cuStreamCreateWithPriority)(CUstream *stream, unsigned flags, int priority);
 } pa_cuda_driver;
 
 typedef int nvrtcResult;

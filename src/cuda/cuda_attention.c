@@ -8,7 +8,9 @@
  *      copy of its keys: cuda_dequant.c);
  *   2. stage: the plan written into pinned staging, scratch and counters grown;
  *   3. queue: the plan's upload, the rotary append and each part's kernel
- *      (cuda_launch.c), bracketed by the timing events when timing is on.
+ *      (cuda_launch.c), bracketed by the timing events when timing is on, on
+ *      the call's lane (cuda_staging.c: the cascade's shared level queues on
+ *      lane 1, beside its suffix level on lane 0).
  *
  * Everything that may wait for the device or fail (module loads, function
  * look-ups, TMA descriptors, growing scratch) happens before the first
@@ -39,20 +41,20 @@ static pa_status kernel_occupancy(void *user, pa_context *ctx, const pa_cuda_loa
     return PA_OK;
 }
 
-static pa_status queue(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, const pa_cuda_plan *plan,
-                       int slot, const pa_cuda_buffers *bufs, CUfunction append_fn, pa_dequant_plan *dq,
-                       CUfunction dequant_fn, pa_tma_maps maps[4]) {
-    pa_status st = pa_cuda_timing_begin(ctx, impl);
+static pa_status queue(pa_context *ctx, cuda_impl *impl, CUstream stream, const pa_attn_problem *p,
+                       const pa_cuda_plan *plan, int slot, const pa_cuda_buffers *bufs, CUfunction append_fn,
+                       pa_dequant_plan *dq, CUfunction dequant_fn, pa_tma_maps maps[4]) {
+    pa_status st = pa_cuda_timing_begin(ctx, impl, stream);
     if (st) return st;
     pa_cuda_buffers b = *bufs;
-    st = pa_cuda_plan_upload(ctx, impl, slot, plan->upload_bytes, &b.plan);
+    st = pa_cuda_plan_upload(ctx, impl, stream, slot, plan->upload_bytes, &b.plan);
     if (st == PA_OK && dq->on) pa_cuda_dequant_bind_upload(dq, p, b.plan);
-    if (st == PA_OK) st = pa_cuda_launch(ctx, impl->stream, p, plan, &b, append_fn, dq, dequant_fn, maps);
+    if (st == PA_OK) st = pa_cuda_launch(ctx, stream, p, plan, &b, append_fn, dq, dequant_fn, maps);
     if (b.plan) {
-        pa_status st_rel = pa_cuda_plan_release(ctx, impl, slot);
+        pa_status st_rel = pa_cuda_plan_release(ctx, impl, stream, slot);
         if (st == PA_OK) st = st_rel;
     }
-    pa_status st_end = pa_cuda_timing_end(ctx, impl);
+    pa_status st_end = pa_cuda_timing_end(ctx, impl, stream);
     return st ? st : st_end;
 }
 
@@ -104,9 +106,10 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     void *host = NULL;
     int slot = 0;
     pa_cuda_buffers bufs = {0, 0, 0};
+    cuda_lane *lane = pa_cuda_lane(impl, p->lane);
     if (st == PA_OK) st = pa_cuda_staging(ctx, impl, plan.upload_bytes, &host, &slot);
-    if (st == PA_OK) st = pa_cuda_scratch(ctx, impl, plan.scratch_bytes, &bufs.scratch);
-    if (st == PA_OK && plan.ncounters > 0) st = pa_cuda_counters(ctx, impl, (size_t)plan.ncounters, &bufs.counters);
+    if (st == PA_OK) st = pa_cuda_scratch(ctx, lane, plan.scratch_bytes, &bufs.scratch);
+    if (st == PA_OK && plan.ncounters > 0) st = pa_cuda_counters(ctx, lane, (size_t)plan.ncounters, &bufs.counters);
     if (st == PA_OK && dq.on) pa_cuda_dequant_bind_scratch(&dq, bufs.scratch);
     pa_tma_maps maps[4];
     if (st == PA_OK) st = pa_cuda_launch_prepare(ctx, pp, &plan, &impl->tuning, maps);
@@ -115,7 +118,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
         if (dq.on) pa_cuda_dequant_write(&dq, p, host);
         pa_cuda_append_scales_write(p, &plan, host);
         impl->nlast = pa_cuda_records(&plan, append_mod ? append_mod->name : NULL, append_entry, &dq, p->batch, impl->last);
-        st = queue(ctx, impl, p, &plan, slot, &bufs, append_fn, &dq, dequant_fn, maps);
+        st = queue(ctx, impl, lane->stream, p, &plan, slot, &bufs, append_fn, &dq, dequant_fn, maps);
     }
     pa_cuda_plan_free(&plan);
     pa_cuda_dequant_free(&dq);

@@ -164,7 +164,8 @@ static pa_status cuda_synchronize(pa_context *ctx, pa_device *dev) {
     cuda_impl *impl = pa_cuda_impl(dev);
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st) return st;
-    CUresult r = pa_cu.cuStreamSynchronize(impl->stream);
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < PA_LANES && r == CUDA_SUCCESS; i++) r = pa_cu.cuStreamSynchronize(impl->lanes[i].stream);
     if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuStreamSynchronize", __FILE__, __LINE__);
     pa_cuda_leave(impl);
     return st;
@@ -262,7 +263,22 @@ static const pa_backend_ops cuda_ops = {
     cuda_last_plan,
     pa_cuda_merge,
     pa_cuda_gather_rows,
+    pa_cuda_lane_fork,
+    pa_cuda_lane_join,
 };
+
+/* Lane 1's stream (the cascade's shared level) at the greatest priority:
+ * when its kernel and lane 0's become ready together, the block scheduler
+ * gives the shared level's few blocks their SMs first and lane 0's
+ * persistent decode blocks fill the rest (at one priority the decode took
+ * every SM and the levels ran one after the other: docs/cascade.md). */
+static CUresult lane_stream(CUstream *out) {
+    int least = 0, greatest = 0;
+    if (pa_cu.cuCtxGetStreamPriorityRange && pa_cu.cuStreamCreateWithPriority &&
+        pa_cu.cuCtxGetStreamPriorityRange(&least, &greatest) == CUDA_SUCCESS)
+        return pa_cu.cuStreamCreateWithPriority(out, CU_STREAM_NON_BLOCKING, greatest);
+    return pa_cu.cuStreamCreate(out, CU_STREAM_NON_BLOCKING);
+}
 
 static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_device *dev) {
     CU_TRY(ctx, pa_cu.cuDeviceGet(&impl->cudev, index));
@@ -287,6 +303,10 @@ static pa_status device_setup(pa_context *ctx, cuda_impl *impl, int index, pa_de
     if (st) return st;
     CUresult r = pa_cu.cuStreamCreate(&impl->stream, CU_STREAM_NON_BLOCKING);
     if (r == CUDA_SUCCESS) r = pa_cu.cuStreamCreate(&impl->copy_stream, CU_STREAM_NON_BLOCKING);
+    impl->lanes[0].stream = impl->stream;
+    if (r == CUDA_SUCCESS) r = lane_stream(&impl->lanes[1].stream);
+    for (int i = 0; i < PA_LANES && r == CUDA_SUCCESS; i++)
+        r = pa_cu.cuEventCreate(&impl->lanes[i].mark, CU_EVENT_DISABLE_TIMING);
     for (int i = 0; i < PA_STAGING_SLOTS && r == CUDA_SUCCESS; i++) {
         r = pa_cu.cuEventCreate(&impl->staging[i].done, CU_EVENT_DISABLE_TIMING);
         if (r == CUDA_SUCCESS) r = pa_cu.cuEventCreate(&impl->staging[i].used, CU_EVENT_DISABLE_TIMING);

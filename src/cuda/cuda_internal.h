@@ -88,6 +88,19 @@ typedef struct pa_cuda_launch_record {
     int32_t key_lo, key_hi;
 } pa_cuda_launch_record;
 
+/* A queue of the device's work (pa_call_flags.lane): its stream and the
+ * per-call scratch and counters of the calls queued on it, which calls on
+ * the other lane may overlap. Lane 0's stream is the device's stream. */
+#define PA_LANES 2
+typedef struct cuda_lane {
+    CUstream stream;
+    CUdeviceptr scratch; /* grown on demand */
+    size_t scratch_bytes;
+    CUdeviceptr counters; /* u32 arrival counters, zero between calls */
+    size_t counters_bytes;
+    CUevent mark; /* lane 0's at a fork, lane 1's at a join */
+} cuda_lane;
+
 typedef struct cuda_impl {
     CUdevice cudev;
     CUcontext cuctx; /* the primary context, retained */
@@ -102,11 +115,7 @@ typedef struct cuda_impl {
     pa_cuda_tuning tuning_open; /* the tuning the device opened with */
     pa_kmodule *modules;
     atomic_llong *setup_ns; /* the device's pa_device_setup_seconds counter */
-    /* per-call scratch on the device, grown on demand */
-    CUdeviceptr scratch;
-    size_t scratch_bytes;
-    CUdeviceptr counters; /* u32 arrival counters, zero between calls */
-    size_t counters_bytes;
+    cuda_lane lanes[PA_LANES]; /* [0].stream is `stream`; [1] is the cascade's shared level's */
     /* pinned staging for uploads (attention plans, tensor writes) */
     cuda_staging staging[PA_STAGING_SLOTS];
     int staging_next; /* the slot the next upload takes */
@@ -127,10 +136,17 @@ static inline cuda_impl *pa_cuda_impl(const pa_device *dev) { return (cuda_impl 
 pa_status pa_cuda_enter(pa_context *ctx, cuda_impl *impl);
 void pa_cuda_leave(cuda_impl *impl);
 
-/* Device scratch of at least `bytes` (contents undefined) / counters of at
- * least `n` entries (zero). May synchronise the stream to grow. */
-pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdeviceptr *out);
-pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdeviceptr *out);
+/* The lane that a call asking for `lane` queues on: lane 1 where the tuning
+ * lets the cascade's levels overlap (cascade_overlap), else lane 0. */
+cuda_lane *pa_cuda_lane(cuda_impl *impl, int lane);
+/* The backend table's lane_fork and lane_join (pa_backend_ops). */
+pa_status pa_cuda_lane_fork(pa_context *ctx, pa_device *dev);
+pa_status pa_cuda_lane_join(pa_context *ctx, pa_device *dev);
+/* Device scratch of lane L of at least `bytes` (contents undefined) /
+ * counters of at least `n` entries (zero). May synchronise L's stream to
+ * grow. */
+pa_status pa_cuda_scratch(pa_context *ctx, cuda_lane *L, size_t bytes, CUdeviceptr *out);
+pa_status pa_cuda_counters(pa_context *ctx, cuda_lane *L, size_t n, CUdeviceptr *out);
 /* Pinned host staging of at least `bytes`, free to overwrite: the ring's
  * next slot (*slot), once the upload that last used it has left. Fill it,
  * then queue it with pa_cuda_staging_upload. Call with impl->lock held and
@@ -138,11 +154,12 @@ pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdevicep
 pa_status pa_cuda_staging(pa_context *ctx, cuda_impl *impl, size_t bytes, void **out, int *slot);
 /* Uploads `bytes` of staging slot `slot` to the slot's device buffer on the
  * copy stream (once the kernels of the slot's previous plan are done) and
- * makes the stream wait for it; *dev: the buffer. pa_cuda_plan_release, after
- * the kernels that read it are queued, marks it free again. Call with
- * impl->lock held. */
-pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t bytes, CUdeviceptr *dev);
-pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot);
+ * makes `stream` wait for it; *dev: the buffer. pa_cuda_plan_release, after
+ * the kernels that read it are queued on `stream`, marks it free again.
+ * Call with impl->lock held. */
+pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, CUstream stream, int slot, size_t bytes,
+                              CUdeviceptr *dev);
+pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, CUstream stream, int slot);
 /* Queues the copy of `bytes` from staging slot `slot` to dst on the stream
  * (`what` names it in errors) and moves the ring on; does not wait. */
 pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUdeviceptr dst,
@@ -152,9 +169,10 @@ void pa_cuda_staging_free(cuda_impl *impl);
 
 /* ---- cuda_measure.c: the laboratory's measurements ---- */
 
-/* Timing brackets around the kernels of one attention call (no-ops unless on). */
-pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl);
-pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl);
+/* Timing brackets around the kernels of one attention call, queued on
+ * `stream` (no-ops unless on). */
+pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl, CUstream stream);
+pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl, CUstream stream);
 /* The backend table's timing and ceilings entries. */
 pa_status pa_cuda_timing(pa_context *ctx, pa_device *dev, int on);
 pa_status pa_cuda_timing_last(pa_context *ctx, pa_device *dev, double *seconds);

@@ -94,6 +94,8 @@ static void load_driver(void) {
         SYM(cuLaunchKernel, "cuLaunchKernel"),
         OPT(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
         OPT(cuLaunchKernelEx, "cuLaunchKernelEx"),
+        OPT(cuCtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange"),
+        OPT(cuStreamCreateWithPriority, "cuStreamCreateWithPriority"),
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         void *fn = NULL;

@@ -172,18 +172,18 @@ pa_status pa_cuda_timing_last(pa_context *ctx, pa_device *dev, double *seconds) 
 /* A timed call: hold the stream (a bounded wait on the device) while the
  * host queues the call's work, so that its kernels run back to back as in a
  * steady stream of calls; the events bracket the kernels only. */
-pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl) {
+pa_status pa_cuda_timing_begin(pa_context *ctx, cuda_impl *impl, CUstream stream) {
     if (!impl->timing) return PA_OK;
     unsigned long long ns = (unsigned long long)impl->tuning.timing_hold_us * 1000ull;
     void *args[] = {&ns};
-    CU_TRY(ctx, pa_cu.cuLaunchKernel(impl->hold, 1, 1, 1, 1, 1, 1, 0, impl->stream, args, NULL));
-    CU_TRY(ctx, pa_cu.cuEventRecord(impl->t_start, impl->stream));
+    CU_TRY(ctx, pa_cu.cuLaunchKernel(impl->hold, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+    CU_TRY(ctx, pa_cu.cuEventRecord(impl->t_start, stream));
     return PA_OK;
 }
 
-pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl) {
+pa_status pa_cuda_timing_end(pa_context *ctx, cuda_impl *impl, CUstream stream) {
     if (!impl->timing) return PA_OK;
-    CU_TRY(ctx, pa_cu.cuEventRecord(impl->t_end, impl->stream));
+    CU_TRY(ctx, pa_cu.cuEventRecord(impl->t_end, stream));
     impl->timed = true;
     return PA_OK;
 }

@@ -79,7 +79,7 @@ static pa_status plan_part(pa_context *ctx, const pa_attn_problem *p, const pa_c
                     pa_plan_hw_fits(p, &pt->kp);
     /* without hw: persistent blocks where the units are not short and fill more than a wave */
     const bool persist_kept = candidate && !short_units && tiles > pt->kp.grid_cap;
-    if ((pt->kp.ws && !pt->kp.forced && tiles < pt->kp.capacity) ||
+    if ((pt->kp.ws && !pt->kp.forced && tiles < pa_plan_capacity(p, t, pt->kp.capacity)) ||
         (candidate && (tiles <= pt->kp.grid_cap || short_units || hw))) {
         s.allow_ws = false;
         s.short_units = candidate && (short_units || hw);

@@ -1,7 +1,8 @@
 /*
- * cuda_staging.c -- a CUDA device's context for a call, its per-call scratch
- * and arrival counters on the device, and the ring of pinned staging buffers
- * that uploads go through (tensor writes, attention plans).
+ * cuda_staging.c -- a CUDA device's context for a call, its lanes (queues
+ * with their own per-call scratch and arrival counters on the device), and
+ * the ring of pinned staging buffers that uploads go through (tensor writes,
+ * attention plans).
  */
 #define _GNU_SOURCE
 #include "cuda_internal.h"
@@ -26,12 +27,17 @@ static size_t grow(size_t have, size_t need, size_t floor_bytes) {
     return (n + 4095) & ~(size_t)4095;
 }
 
-/* A device buffer that kernels on the stream read, grown to `need` bytes (at
- * least `floor`): once the stream has drained, since queued kernels may
- * still read the old one. */
-static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUdeviceptr *buf, size_t *have, size_t need,
-                        size_t floor_bytes, const char *what) {
-    CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->stream));
+/* A device buffer that kernels on `stream` read (every lane's: stream 0),
+ * grown to `need` bytes (at least `floor`): once the stream has drained,
+ * since queued kernels may still read the old one. */
+static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUstream stream, CUdeviceptr *buf, size_t *have,
+                        size_t need, size_t floor_bytes, const char *what) {
+    if (stream) {
+        CU_TRY(ctx, pa_cu.cuStreamSynchronize(stream));
+    } else {
+        for (int i = 0; i < PA_LANES; i++)
+            if (impl->lanes[i].stream) CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->lanes[i].stream));
+    }
     if (*buf) pa_cu.cuMemFree(*buf);
     *buf = 0;
     *have = 0;
@@ -46,28 +52,66 @@ static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUdeviceptr *buf, size
     return PA_OK;
 }
 
-pa_status pa_cuda_scratch(pa_context *ctx, cuda_impl *impl, size_t bytes, CUdeviceptr *out) {
-    if (bytes > impl->scratch_bytes) {
-        pa_status st = regrow(ctx, impl, &impl->scratch, &impl->scratch_bytes, bytes, (size_t)1 << 20, "scratch");
+cuda_lane *pa_cuda_lane(cuda_impl *impl, int lane) {
+    return lane == 1 && impl->tuning.cascade_overlap ? &impl->lanes[1] : &impl->lanes[0];
+}
+
+/* Both always queue their event, whatever the tuning says now: a call
+ * between them may have gone to lane 1 under another tuning. */
+pa_status pa_cuda_lane_fork(pa_context *ctx, pa_device *dev) {
+    cuda_impl *impl = pa_cuda_impl(dev);
+    pthread_mutex_lock(&impl->lock);
+    pa_status st = pa_cuda_enter(ctx, impl);
+    if (st == PA_OK) {
+        CUresult r = pa_cu.cuEventRecord(impl->lanes[0].mark, impl->lanes[0].stream);
+        if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->lanes[1].stream, impl->lanes[0].mark, 0);
+        if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent(lane fork)", __FILE__, __LINE__);
+        pa_cuda_leave(impl);
+    }
+    pthread_mutex_unlock(&impl->lock);
+    return st;
+}
+
+pa_status pa_cuda_lane_join(pa_context *ctx, pa_device *dev) {
+    cuda_impl *impl = pa_cuda_impl(dev);
+    pthread_mutex_lock(&impl->lock);
+    pa_status st = pa_cuda_enter(ctx, impl);
+    if (st == PA_OK) {
+        CUresult r = pa_cu.cuEventRecord(impl->lanes[1].mark, impl->lanes[1].stream);
+        if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->lanes[0].stream, impl->lanes[1].mark, 0);
+        if (r != CUDA_SUCCESS) {
+            /* lane 0 cannot be ordered after lane 1: let lane 1 finish */
+            pa_cu.cuStreamSynchronize(impl->lanes[1].stream);
+            st = pa_cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent(lane join)", __FILE__, __LINE__);
+        }
+        pa_cuda_leave(impl);
+    }
+    pthread_mutex_unlock(&impl->lock);
+    return st;
+}
+
+pa_status pa_cuda_scratch(pa_context *ctx, cuda_lane *L, size_t bytes, CUdeviceptr *out) {
+    if (bytes > L->scratch_bytes) {
+        pa_status st = regrow(ctx, NULL, L->stream, &L->scratch, &L->scratch_bytes, bytes, (size_t)1 << 20, "scratch");
         if (st) return st;
     }
-    *out = impl->scratch;
+    *out = L->scratch;
     return PA_OK;
 }
 
-pa_status pa_cuda_counters(pa_context *ctx, cuda_impl *impl, size_t n, CUdeviceptr *out) {
-    if (n * 4 > impl->counters_bytes) {
-        pa_status st = regrow(ctx, impl, &impl->counters, &impl->counters_bytes, n * 4, 4096 * 4, "counters");
+pa_status pa_cuda_counters(pa_context *ctx, cuda_lane *L, size_t n, CUdeviceptr *out) {
+    if (n * 4 > L->counters_bytes) {
+        pa_status st = regrow(ctx, NULL, L->stream, &L->counters, &L->counters_bytes, n * 4, 4096 * 4, "counters");
         if (st) return st;
-        CUresult r = pa_cu.cuMemsetD32Async(impl->counters, 0, impl->counters_bytes / 4, impl->stream);
+        CUresult r = pa_cu.cuMemsetD32Async(L->counters, 0, L->counters_bytes / 4, L->stream);
         if (r != CUDA_SUCCESS) {
-            pa_cu.cuMemFree(impl->counters);
-            impl->counters = 0;
-            impl->counters_bytes = 0;
+            pa_cu.cuMemFree(L->counters);
+            L->counters = 0;
+            L->counters_bytes = 0;
             return pa_cu_fail(ctx, r, "cuMemsetD32Async(counters)", __FILE__, __LINE__);
         }
     }
-    *out = impl->counters;
+    *out = L->counters;
     return PA_OK;
 }
 
@@ -113,12 +157,13 @@ pa_status pa_cuda_staging_upload(pa_context *ctx, cuda_impl *impl, int slot, CUd
     return staging_queued(ctx, impl, slot, impl->stream);
 }
 
-pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t bytes, CUdeviceptr *dev) {
+pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, CUstream stream, int slot, size_t bytes,
+                              CUdeviceptr *dev) {
     cuda_staging *s = &impl->staging[slot];
     *dev = 0;
     if (bytes > s->dev_bytes) {
-        s->used_recorded = false; /* (the stream drains first) */
-        pa_status st = regrow(ctx, impl, &s->dev, &s->dev_bytes, bytes, (size_t)64 << 10, "the plan");
+        s->used_recorded = false; /* (every lane drains first: the last plan in it may be either's) */
+        pa_status st = regrow(ctx, impl, NULL, &s->dev, &s->dev_bytes, bytes, (size_t)64 << 10, "the plan");
         if (st) return st;
     }
     CUresult r = CUDA_SUCCESS;
@@ -127,7 +172,7 @@ pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuMemcpyHtoDAsync(attention plan)", __FILE__, __LINE__);
     pa_status st = staging_queued(ctx, impl, slot, impl->copy_stream);
     if (st) return st;
-    r = pa_cu.cuStreamWaitEvent(impl->stream, s->done, 0);
+    r = pa_cu.cuStreamWaitEvent(stream, s->done, 0);
     if (r != CUDA_SUCCESS) {
         /* the kernels cannot be ordered after the copy: let it finish */
         pa_cu.cuStreamSynchronize(impl->copy_stream);
@@ -137,13 +182,13 @@ pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, int slot, size_t
     return PA_OK;
 }
 
-pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot) {
+pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, CUstream stream, int slot) {
     cuda_staging *s = &impl->staging[slot];
-    CUresult r = pa_cu.cuEventRecord(s->used, impl->stream);
+    CUresult r = pa_cu.cuEventRecord(s->used, stream);
     if (r != CUDA_SUCCESS) {
         /* the next upload to this slot cannot wait for the kernels: wait here */
         s->used_recorded = false;
-        pa_cu.cuStreamSynchronize(impl->stream);
+        pa_cu.cuStreamSynchronize(stream);
         return pa_cu_fail(ctx, r, "cuEventRecord(attention plan used)", __FILE__, __LINE__);
     }
     s->used_recorded = true;
@@ -151,8 +196,14 @@ pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, int slot) {
 }
 
 void pa_cuda_staging_free(cuda_impl *impl) {
-    if (impl->scratch) pa_cu.cuMemFree(impl->scratch);
-    if (impl->counters) pa_cu.cuMemFree(impl->counters);
+    for (int i = 0; i < PA_LANES; i++) {
+        cuda_lane *L = &impl->lanes[i];
+        if (L->stream) pa_cu.cuStreamSynchronize(L->stream);
+        if (L->scratch) pa_cu.cuMemFree(L->scratch);
+        if (L->counters) pa_cu.cuMemFree(L->counters);
+        if (L->mark) pa_cu.cuEventDestroy(L->mark);
+        if (i > 0 && L->stream) pa_cu.cuStreamDestroy(L->stream); /* (lane 0's is the device's) */
+    }
     for (int i = 0; i < PA_STAGING_SLOTS; i++) {
         if (impl->staging[i].host) pa_cu.cuMemFreeHost(impl->staging[i].host);
         if (impl->staging[i].done) pa_cu.cuEventDestroy(impl->staging[i].done);

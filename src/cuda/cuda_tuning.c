@@ -91,13 +91,17 @@ static const field fields[] = {
       "fp8 caches, paged: 1 prefill on the Hopper kernels over a 16-bit copy of the keys it reads; 0 mma.sync"),
     I(prefill_fp8_max_mb, 1, 1 << 20, 0, 1024, NULL,
       "prefill_fp8: the copy (K and V) of at most this many MiB, kept as scratch; larger calls read the fp8 bytes"),
+    I(cascade_overlap, 0, 1, 0, 1, NULL,
+      "cascade: 1 the shared level on a second stream beside the suffix level (both run at once); 0 one stream"),
+    I(cascade_share, 1, 100, 0, 25, NULL,
+      "cascade_overlap: the shared level's kernel and splits planned for this percent of a wave (the rest: the suffix level's)"),
     I(timing_hold_us, 0, 1000000, 0, 50, NULL, "pa_device_timing: microseconds the stream is held before a timed call"),
     TEXT(kernel_dir, "kernel sources read from this directory (\"\": the embedded ones)"),
     TEXT(nvrtc_options, "more NVRTC options, split at blanks (\"no-lineinfo\" drops -lineinfo)"),
 };
 #define NFIELDS ((int)(sizeof fields / sizeof fields[0]))
 
-_Static_assert(sizeof(pa_cuda_tuning) == 40 * 4 + 256 + 512, "pa_cuda_tuning: a field without a table entry");
+_Static_assert(sizeof(pa_cuda_tuning) == 42 * 4 + 256 + 512, "pa_cuda_tuning: a field without a table entry");
 
 int pa_cuda_tuning_field_count_impl(void) { return NFIELDS; }
 const pa_tuning_field *pa_cuda_tuning_field_impl(int index) {

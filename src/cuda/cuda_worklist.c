@@ -97,10 +97,10 @@ void pa_plan_rule(const pa_attn_problem *p, const pa_kernel_plan *kp, const pa_c
     const int64_t gmin =
         ALIGN_UP(t->decode_min_chunk > 0 ? (int64_t)t->decode_min_chunk : kp->persistent ? 512 : 256, kp->tokens);
     const int64_t gdiv = (int64_t)t->decode_guide * kp->capacity;
-    if (!guided && p->num_splits == 0 && forced_chunk == 0 && total_len > 0 &&
-        ntiles * kp->head_tiles < kp->capacity) {
+    const int64_t capacity = pa_plan_capacity(p, t, kp->capacity);
+    if (!guided && p->num_splits == 0 && forced_chunk == 0 && total_len > 0 && ntiles * kp->head_tiles < capacity) {
         /* the shortest chunk whose blocks still fit the wave(s) */
-        const double budget = waves * kp->capacity;
+        const double budget = waves * (double)capacity;
         for (int k = 2; k <= MAX_SPLITS; k++) {
             int64_t c = ALIGN_UP((max_len + k - 1) / k, kp->tokens);
             int64_t blocks = 0;
