@@ -270,8 +270,8 @@ static const pa_backend_ops cuda_ops = {
 /* Lane 1's stream (the cascade's shared level) at the greatest priority:
  * when its kernel and lane 0's become ready together, the block scheduler
  * gives the shared level's few blocks their SMs first and lane 0's
- * persistent decode blocks fill the rest (at one priority the decode took
- * every SM and the levels ran one after the other: docs/cascade.md). */
+ * persistent decode blocks fill the rest (at one priority two streams
+ * gained little, as if the decode had taken every SM first: docs/cascade.md). */
 static CUresult lane_stream(CUstream *out) {
     int least = 0, greatest = 0;
     if (pa_cu.cuCtxGetStreamPriorityRange && pa_cu.cuStreamCreateWithPriority &&
