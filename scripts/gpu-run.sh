@@ -10,7 +10,8 @@
 #   prefill-memcheck  the issue case of spec/gpu_prefill_spec.lua (tag memcheck)
 #                     under compute-sanitizer (GPU_RUN_PREFILL_MEMCHECK_ALL=1:
 #                     the whole file; PAGEDATTN_PREFILL_REPEAT=N: fewer repetitions)
-#   cascade-bench     scripts/bench_cascade.lua --preset gpu (shared prefixes read once)
+#   cascade-bench     scripts/bench_cascade.lua --preset gpu (shared prefixes read once), and its
+#                     rows with one stream and other shares of a wave (cascade_overlap, cascade_share)
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
@@ -106,6 +107,14 @@ for step in $steps; do
   cascade-bench)
     timeout "${GPU_RUN_TIMEOUT_BENCH:-240}" luajit scripts/bench_cascade.lua --preset gpu >"$out/cascade-bench.log" 2>&1
     summary+=("cascade bench (rc $?): see below")
+    # the two streams' A/Bs (docs/cascade.md): one stream, and the shared
+    # level's share of a wave, each its "shared prefix" row
+    for tn in cascade_overlap=0 cascade_share=50 cascade_share=100; do
+      timeout 60 luajit scripts/bench_cascade.lua --preset gpu --cached-ceilings --seconds 0.5 --tuning "$tn" \
+        >"$out/cascade-ab.tmp" 2>&1
+      echo "$tn (rc $?): $(grep 'shared prefix' "$out/cascade-ab.tmp")" >>"$out/cascade-bench.log"
+    done
+    rm -f "$out/cascade-ab.tmp"
     ;;
   *) echo "gpu-run: unknown step $step" >&2 ;;
   esac
