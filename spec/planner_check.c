@@ -616,32 +616,37 @@ static void choice_checks(void) {
      * a wave; on lane 1 beside the suffix level (cascade_overlap), planned
      * for cascade_share percent of a wave: split over that share, or
      * prefill_ws unsplit where the tiles fill it; cascade_overlap 0 as alone */
-    uniform(&c, 1, 256, 4096, PA_BF16, 128, 16, false);
-    plan_of("shared level alone", &c, &H100, NULL, &plan);
-#define BLOCKS0 ((long long)plan.parts[0].nwork * plan.parts[0].kp.head_tiles)
-    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill_wgmma") && BLOCKS0 > 66 && BLOCKS0 <= 132,
-           "%s, %lld blocks", plan.parts[0].kp.variant, BLOCKS0);
-    pa_cuda_plan_free(&plan);
-    c.p.lane = 1;
-    pa_cuda_tuning_set_defaults(&t);
-    EXPECT(t.cascade_overlap == 1 && t.cascade_share == 25, "cascade_overlap %d, cascade_share %d", t.cascade_overlap,
-           t.cascade_share);
-    plan_of("shared level on lane 1", &c, &H100, &t, &plan);
-    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill_ws") && BLOCKS0 == 64, "%s, %lld blocks",
-           plan.parts[0].kp.variant, BLOCKS0);
-    pa_cuda_plan_free(&plan);
-    t.cascade_share = 50;
-    plan_of("shared level on lane 1, share 50", &c, &H100, &t, &plan);
-    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill_wgmma") && BLOCKS0 == 64, "%s, %lld blocks",
-           plan.parts[0].kp.variant, BLOCKS0);
-    pa_cuda_plan_free(&plan);
-    t.cascade_overlap = 0;
-    plan_of("shared level on lane 1, cascade_overlap 0", &c, &H100, &t, &plan);
-    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill_wgmma") && BLOCKS0 > 66, "%s, %lld blocks",
-           plan.parts[0].kp.variant, BLOCKS0);
-#undef BLOCKS0
-    pa_cuda_plan_free(&plan);
-    call_free(&c);
+    {
+        pa_cuda_tuning_set_defaults(&t);
+        EXPECT(t.cascade_overlap == 1 && t.cascade_share == 25, "cascade_overlap %d, cascade_share %d",
+               t.cascade_overlap, t.cascade_share);
+        static const struct {
+            const char *name;
+            int lane, overlap, share; /* (share 0: the default) */
+            const char *kernel;
+            long long min_blocks, max_blocks;
+        } cases[] = {
+            {"shared level alone", 0, 1, 0, "prefill_wgmma", 67, 132},
+            {"shared level on lane 1", 1, 1, 0, "prefill_ws", 64, 64},
+            {"shared level on lane 1, share 50", 1, 1, 50, "prefill_wgmma", 64, 64},
+            {"shared level on lane 1, cascade_overlap 0", 1, 0, 0, "prefill_wgmma", 67, 132},
+        };
+        uniform(&c, 1, 256, 4096, PA_BF16, 128, 16, false);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            pa_cuda_tuning_set_defaults(&t);
+            t.cascade_overlap = cases[i].overlap;
+            if (cases[i].share) t.cascade_share = cases[i].share;
+            c.p.lane = cases[i].lane;
+            const bool defaults = cases[i].lane == 0 && cases[i].overlap == 1 && !cases[i].share;
+            plan_of(cases[i].name, &c, &H100, defaults ? NULL : &t, &plan); /* (NULL: also checks the listing) */
+            const long long blocks = (long long)plan.parts[0].nwork * plan.parts[0].kp.head_tiles;
+            EXPECT(plan.nparts == 1 && has(&plan.parts[0], cases[i].kernel) && blocks >= cases[i].min_blocks &&
+                       blocks <= cases[i].max_blocks,
+                   "%s, %lld blocks", plan.parts[0].kp.variant, blocks);
+            pa_cuda_plan_free(&plan);
+        }
+        call_free(&c);
+    }
 
     /* prefill on Hopper: prefill_ws with page boxes (paged) or boxes of 64
      * columns (contiguous); wgmma where TMA does not apply or the tiles do

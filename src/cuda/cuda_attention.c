@@ -106,7 +106,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     void *host = NULL;
     int slot = 0;
     pa_cuda_buffers bufs = {0, 0, 0};
-    cuda_lane *lane = pa_cuda_lane(impl, p->lane);
+    cuda_lane *lane = pa_cuda_lane(impl, p);
     if (st == PA_OK) st = pa_cuda_staging(ctx, impl, plan.upload_bytes, &host, &slot);
     if (st == PA_OK) st = pa_cuda_scratch(ctx, lane, plan.scratch_bytes, &bufs.scratch);
     if (st == PA_OK && plan.ncounters > 0) st = pa_cuda_counters(ctx, lane, (size_t)plan.ncounters, &bufs.counters);

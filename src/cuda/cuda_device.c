@@ -164,8 +164,7 @@ static pa_status cuda_synchronize(pa_context *ctx, pa_device *dev) {
     cuda_impl *impl = pa_cuda_impl(dev);
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st) return st;
-    CUresult r = CUDA_SUCCESS;
-    for (int i = 0; i < PA_LANES && r == CUDA_SUCCESS; i++) r = pa_cu.cuStreamSynchronize(impl->lanes[i].stream);
+    CUresult r = pa_cuda_lanes_sync(impl);
     if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuStreamSynchronize", __FILE__, __LINE__);
     pa_cuda_leave(impl);
     return st;

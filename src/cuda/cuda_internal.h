@@ -136,9 +136,11 @@ static inline cuda_impl *pa_cuda_impl(const pa_device *dev) { return (cuda_impl 
 pa_status pa_cuda_enter(pa_context *ctx, cuda_impl *impl);
 void pa_cuda_leave(cuda_impl *impl);
 
-/* The lane that a call asking for `lane` queues on: lane 1 where the tuning
- * lets the cascade's levels overlap (cascade_overlap), else lane 0. */
-cuda_lane *pa_cuda_lane(cuda_impl *impl, int lane);
+/* The lane that call p queues on: lane 1 where it asks for it and the
+ * tuning lets the cascade's levels overlap (pa_lane_beside), else lane 0. */
+cuda_lane *pa_cuda_lane(cuda_impl *impl, const pa_attn_problem *p);
+/* Drains every lane's stream. */
+CUresult pa_cuda_lanes_sync(cuda_impl *impl);
 /* The backend table's lane_fork and lane_join (pa_backend_ops). */
 pa_status pa_cuda_lane_fork(pa_context *ctx, pa_device *dev);
 pa_status pa_cuda_lane_join(pa_context *ctx, pa_device *dev);

@@ -177,13 +177,20 @@ pa_status pa_plan_kernel(pa_context *ctx, const pa_attn_problem *p, const pa_cud
 /* Whether a warp a head tile fits part plan kp (its q tile, GQA tile, head tiles). */
 bool pa_plan_hw_fits(const pa_attn_problem *p, const pa_kernel_plan *kp);
 
+/* Whether call p runs on lane 1, beside lane 0: it asks for it (the
+ * cascade's shared level: pa_attn_problem.lane) and the tuning lets the
+ * levels overlap (cascade_overlap). The planner and the queueing both ask. */
+static inline bool pa_lane_beside(const pa_attn_problem *p, const pa_cuda_tuning *t) {
+    return p->lane == 1 && t->cascade_overlap;
+}
+
 /* The blocks of `capacity` (what the GPU holds at once) that a call may
- * count on: all, or for a call on lane 1 beside lane 0 (the cascade's shared
- * level: pa_attn_problem.lane, tuning cascade_overlap) cascade_share percent,
+ * count on: all, or for a call on lane 1 beside lane 0 (pa_lane_beside)
+ * cascade_share percent,
  * so that its tiles split over that share and leave the rest to the suffix
  * level's decode. */
 static inline int64_t pa_plan_capacity(const pa_attn_problem *p, const pa_cuda_tuning *t, int64_t capacity) {
-    if (p->lane != 1 || !t->cascade_overlap) return capacity;
+    if (!pa_lane_beside(p, t)) return capacity;
     const int64_t c = capacity * t->cascade_share / 100;
     return c > 0 ? c : 1;
 }

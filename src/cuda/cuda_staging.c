@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "cuda_internal.h"
+#include "cuda_planner.h" /* (pa_lane_beside) */
 
 #include <stdlib.h>
 
@@ -27,17 +28,10 @@ static size_t grow(size_t have, size_t need, size_t floor_bytes) {
     return (n + 4095) & ~(size_t)4095;
 }
 
-/* A device buffer that kernels on `stream` read (every lane's: stream 0),
- * grown to `need` bytes (at least `floor`): once the stream has drained,
- * since queued kernels may still read the old one. */
-static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUstream stream, CUdeviceptr *buf, size_t *have,
-                        size_t need, size_t floor_bytes, const char *what) {
-    if (stream) {
-        CU_TRY(ctx, pa_cu.cuStreamSynchronize(stream));
-    } else {
-        for (int i = 0; i < PA_LANES; i++)
-            if (impl->lanes[i].stream) CU_TRY(ctx, pa_cu.cuStreamSynchronize(impl->lanes[i].stream));
-    }
+/* A device buffer grown to `need` bytes (at least `floor`); the caller has
+ * drained the streams whose queued kernels may still read the old one. */
+static pa_status regrow(pa_context *ctx, CUdeviceptr *buf, size_t *have, size_t need, size_t floor_bytes,
+                        const char *what) {
     if (*buf) pa_cu.cuMemFree(*buf);
     *buf = 0;
     *have = 0;
@@ -52,37 +46,31 @@ static pa_status regrow(pa_context *ctx, cuda_impl *impl, CUstream stream, CUdev
     return PA_OK;
 }
 
-cuda_lane *pa_cuda_lane(cuda_impl *impl, int lane) {
-    return lane == 1 && impl->tuning.cascade_overlap ? &impl->lanes[1] : &impl->lanes[0];
+CUresult pa_cuda_lanes_sync(cuda_impl *impl) {
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < PA_LANES && r == CUDA_SUCCESS; i++)
+        if (impl->lanes[i].stream) r = pa_cu.cuStreamSynchronize(impl->lanes[i].stream);
+    return r;
 }
 
-/* Both always queue their event, whatever the tuning says now: a call
- * between them may have gone to lane 1 under another tuning. */
-pa_status pa_cuda_lane_fork(pa_context *ctx, pa_device *dev) {
+cuda_lane *pa_cuda_lane(cuda_impl *impl, const pa_attn_problem *p) {
+    return &impl->lanes[pa_lane_beside(p, &impl->tuning) ? 1 : 0];
+}
+
+/* Lane `to` waits for what lane `from` has queued so far. Fork and join
+ * always queue it, whatever the tuning says now: a call between them may
+ * have gone to lane 1 under another tuning. */
+static pa_status lane_order(pa_context *ctx, pa_device *dev, int from, int to, const char *what) {
     cuda_impl *impl = pa_cuda_impl(dev);
     pthread_mutex_lock(&impl->lock);
     pa_status st = pa_cuda_enter(ctx, impl);
     if (st == PA_OK) {
-        CUresult r = pa_cu.cuEventRecord(impl->lanes[0].mark, impl->lanes[0].stream);
-        if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->lanes[1].stream, impl->lanes[0].mark, 0);
-        if (r != CUDA_SUCCESS) st = pa_cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent(lane fork)", __FILE__, __LINE__);
-        pa_cuda_leave(impl);
-    }
-    pthread_mutex_unlock(&impl->lock);
-    return st;
-}
-
-pa_status pa_cuda_lane_join(pa_context *ctx, pa_device *dev) {
-    cuda_impl *impl = pa_cuda_impl(dev);
-    pthread_mutex_lock(&impl->lock);
-    pa_status st = pa_cuda_enter(ctx, impl);
-    if (st == PA_OK) {
-        CUresult r = pa_cu.cuEventRecord(impl->lanes[1].mark, impl->lanes[1].stream);
-        if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->lanes[0].stream, impl->lanes[1].mark, 0);
+        CUresult r = pa_cu.cuEventRecord(impl->lanes[from].mark, impl->lanes[from].stream);
+        if (r == CUDA_SUCCESS) r = pa_cu.cuStreamWaitEvent(impl->lanes[to].stream, impl->lanes[from].mark, 0);
         if (r != CUDA_SUCCESS) {
-            /* lane 0 cannot be ordered after lane 1: let lane 1 finish */
-            pa_cu.cuStreamSynchronize(impl->lanes[1].stream);
-            st = pa_cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent(lane join)", __FILE__, __LINE__);
+            /* `to` cannot be ordered after `from`: let `from` finish */
+            pa_cu.cuStreamSynchronize(impl->lanes[from].stream);
+            st = pa_cu_fail(ctx, r, what, __FILE__, __LINE__);
         }
         pa_cuda_leave(impl);
     }
@@ -90,9 +78,18 @@ pa_status pa_cuda_lane_join(pa_context *ctx, pa_device *dev) {
     return st;
 }
 
+pa_status pa_cuda_lane_fork(pa_context *ctx, pa_device *dev) {
+    return lane_order(ctx, dev, 0, 1, "cuEventRecord/cuStreamWaitEvent(lane fork)");
+}
+
+pa_status pa_cuda_lane_join(pa_context *ctx, pa_device *dev) {
+    return lane_order(ctx, dev, 1, 0, "cuEventRecord/cuStreamWaitEvent(lane join)");
+}
+
 pa_status pa_cuda_scratch(pa_context *ctx, cuda_lane *L, size_t bytes, CUdeviceptr *out) {
     if (bytes > L->scratch_bytes) {
-        pa_status st = regrow(ctx, NULL, L->stream, &L->scratch, &L->scratch_bytes, bytes, (size_t)1 << 20, "scratch");
+        CU_TRY(ctx, pa_cu.cuStreamSynchronize(L->stream));
+        pa_status st = regrow(ctx, &L->scratch, &L->scratch_bytes, bytes, (size_t)1 << 20, "scratch");
         if (st) return st;
     }
     *out = L->scratch;
@@ -101,7 +98,8 @@ pa_status pa_cuda_scratch(pa_context *ctx, cuda_lane *L, size_t bytes, CUdevicep
 
 pa_status pa_cuda_counters(pa_context *ctx, cuda_lane *L, size_t n, CUdeviceptr *out) {
     if (n * 4 > L->counters_bytes) {
-        pa_status st = regrow(ctx, NULL, L->stream, &L->counters, &L->counters_bytes, n * 4, 4096 * 4, "counters");
+        CU_TRY(ctx, pa_cu.cuStreamSynchronize(L->stream));
+        pa_status st = regrow(ctx, &L->counters, &L->counters_bytes, n * 4, 4096 * 4, "counters");
         if (st) return st;
         CUresult r = pa_cu.cuMemsetD32Async(L->counters, 0, L->counters_bytes / 4, L->stream);
         if (r != CUDA_SUCCESS) {
@@ -163,7 +161,8 @@ pa_status pa_cuda_plan_upload(pa_context *ctx, cuda_impl *impl, CUstream stream,
     *dev = 0;
     if (bytes > s->dev_bytes) {
         s->used_recorded = false; /* (every lane drains first: the last plan in it may be either's) */
-        pa_status st = regrow(ctx, impl, NULL, &s->dev, &s->dev_bytes, bytes, (size_t)64 << 10, "the plan");
+        CU_TRY(ctx, pa_cuda_lanes_sync(impl));
+        pa_status st = regrow(ctx, &s->dev, &s->dev_bytes, bytes, (size_t)64 << 10, "the plan");
         if (st) return st;
     }
     CUresult r = CUDA_SUCCESS;
@@ -196,9 +195,9 @@ pa_status pa_cuda_plan_release(pa_context *ctx, cuda_impl *impl, CUstream stream
 }
 
 void pa_cuda_staging_free(cuda_impl *impl) {
+    pa_cuda_lanes_sync(impl);
     for (int i = 0; i < PA_LANES; i++) {
         cuda_lane *L = &impl->lanes[i];
-        if (L->stream) pa_cu.cuStreamSynchronize(L->stream);
         if (L->scratch) pa_cu.cuMemFree(L->scratch);
         if (L->counters) pa_cu.cuMemFree(L->counters);
         if (L->mark) pa_cu.cuEventDestroy(L->mark);
