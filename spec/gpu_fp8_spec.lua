@@ -170,7 +170,8 @@ describe("#gpu fp8 caches on CUDA", function()
       { "a warp a head tile, 16 keys, persistent", { decode_persist_min_keys = 100000, split_chunk = 100000,
         decode_hw = 2, decode_short_kpw = 16, decode_hw_persist = 2, decode_max_blocks = 3 },
         "kpw=16 persist=1 minb=%d+ hw=1" },
-      { "claiming splits", { decode_persist = 0, split_chunk = 1024, decode_claim_min = 0 }, " | [^\n]*claims=1" },
+      { "claiming splits", { decode_persist = 0, split_chunk = 1024, decode_claim_min = 0, decode_claim = 2 },
+        " | [^\n]*claims=1" },
     }
     for _, m in ipairs(modes) do
       it("#gpu " .. fmt .. ": decode_mma, " .. m[1], function()

@@ -451,6 +451,19 @@ static void choice_checks(void) {
     plan_of("decode 8 x 32768, claim_min 16384", &c, &H100, &t, &plan);
     EXPECT(!plan.parts[0].rule.claims, "claims %d", plan.parts[0].rule.claims);
     pa_cuda_plan_free(&plan);
+    /* over an fp8 cache: fixed ranges unless decode_claim 2 (claims measured slower there) */
+    c.p.cache_dtype = PA_FP8_E5M2;
+    plan_of("decode 8 x 32768, e5m2 cache", &c, &H100, NULL, &plan);
+    EXPECT(has(&plan.parts[0], "kv=fp8_e5m2") && has(&plan.parts[0], "persist=0") && !plan.parts[0].rule.claims &&
+               plan.parts[0].part_rows > 0,
+           "%s claims %d", plan.parts[0].kp.variant, plan.parts[0].rule.claims);
+    pa_cuda_plan_free(&plan);
+    pa_cuda_tuning_set_defaults(&t);
+    t.decode_claim = 2;
+    plan_of("decode 8 x 32768, e5m2 cache, decode_claim 2", &c, &H100, &t, &plan);
+    EXPECT(plan.parts[0].rule.claims, "claims %d", plan.parts[0].rule.claims);
+    pa_cuda_plan_free(&plan);
+    c.p.cache_dtype = c.p.dtype;
     call_free(&c);
     /* contiguous caches keep fixed ranges */
     uniform(&c, 8, 1, 32768, PA_BF16, 128, 0, false);

@@ -110,7 +110,7 @@ typedef struct pa_cuda_tuning {
     int32_t decode_hw_min_waves;     /* ... where its blocks fill this many hundredths of a wave (50) */
     int32_t decode_split_short;      /* 1: short and long sequences of a call as two launches; 0: one */
     int32_t decode_overlap;          /* 1: the second of those launched programmatically (sm_90+); 0: after the first */
-    int32_t decode_claim;            /* 1: the splits of a tile claim its keys two stages at a time; 0: fixed ranges */
+    int32_t decode_claim;            /* splits of a tile claim its keys two stages at a time: 0 never, 1 16-bit caches, 2 always */
     int32_t decode_claim_min;        /* ... where every split has this many keys (4096) */
     int32_t decode_claim_order;      /* 1: claiming splits launched split-major; 0 sequence-major */
     int32_t decode_first_pages;      /* 1: the host lists each first unit's first page ids; 0: blocks read them */

@@ -67,8 +67,9 @@ static const field fields[] = {
       "1: a call with a wave of units under persist_min_keys and longer ones runs them as two launches"),
     I(decode_overlap, 0, 1, 0, 1, NULL,
       "1: the short sequences' launch starts in the long ones' tail (programmatic launch, sm_90+)"),
-    I(decode_claim, 0, 1, 0, 1, NULL,
-      "1: the splits of a paged query tile, one block a unit, claim its keys two stages at a time; 0: fixed ranges"),
+    I(decode_claim, 0, 2, 0, 1, "off|auto|always",
+      "the splits of a paged query tile, one block a unit, claim its keys two stages at a time: off (fixed ranges), "
+      "auto (not over fp8 caches), always"),
     I(decode_claim_min, 0, BIG, 0, 4096, NULL, "claims where every split has this many keys"),
     I(decode_claim_order, 0, 1, 0, 1, NULL, "1: claiming splits launched split-major; 0: sequence-major"),
     I(decode_first_pages, 0, 1, 0, 1, NULL,
