@@ -12,6 +12,8 @@
 #                     the whole file; PAGEDATTN_PREFILL_REPEAT=N: fewer repetitions)
 #   cascade-bench     scripts/bench_cascade.lua --preset gpu (shared prefixes read once), and its
 #                     rows with one stream and other shares of a wave (cascade_overlap, cascade_share)
+#   profile           (not in the default) ncu: each kernel's time in a cascade call at real clocks,
+#                     the pipes busy in the fp8 decode, the fp8 append and the fp8 widening
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
@@ -116,6 +118,30 @@ for step in $steps; do
     done
     rm -f "$out/cascade-ab.tmp"
     ;;
+  profile)
+    # where the time goes (docs/fp8.md, docs/cascade.md): each kernel's time at
+    # real clocks in a cascade call, and the pipes that the fp8 decode, the fp8
+    # append and the fp8 widening keep busy (bf16's decode beside them)
+    : >"$out/profile.log"
+    timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:pa_ \
+      luajit scripts/lab/cascade_once.lua >"$out/profile-run.tmp" 2>&1
+    { echo "== cascade call, kernels (rc $?)"; grep -E 'pa_[a-z_0-9]+ \(|gpu__time_duration' "$out/profile-run.tmp" | tail -16; } \
+      >>"$out/profile.log"
+    pipes=gpu__time_duration.sum,sm__inst_executed.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
+    for pipe in alu fma fp16 fp64 xu lsu uniform; do
+      pipes+=",sm__inst_executed_pipe_$pipe.avg.pct_of_peak_sustained_active"
+    done
+    pipes+=",sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread"
+    for job in "pa_decode|decode_once.lua 64 4096 fp8_e4m3" "pa_decode|decode_once.lua 64 4096 bf16" \
+      "pa_append|append_once.lua fp8_e4m3" "pa_dequant|prefill_once.lua --batch 4 --seqlen 1024 --cached 8192 --kv fp8_e4m3"; do
+      # shellcheck disable=SC2086 # the job's arguments: words
+      timeout 90 ncu --metrics "$pipes" -k regex:"${job%%|*}" --launch-skip 1 --launch-count 1 \
+        luajit scripts/lab/${job#*|} >"$out/profile-run.tmp" 2>&1
+      { echo "== ${job#*|} (rc $?)"; grep -E '^ +[a-z_]+__|pa_[a-z_0-9]+ \(' "$out/profile-run.tmp"; } >>"$out/profile.log"
+    done
+    rm -f "$out/profile-run.tmp"
+    summary+=("profile: see below")
+    ;;
   *) echo "gpu-run: unknown step $step" >&2 ;;
   esac
 done
@@ -128,6 +154,7 @@ for f in specs memcheck prefill-memcheck; do
 done
 [ -f "$out/bench.log" ] && { echo "---- bench"; sed -n '/^summary/,$p' "$out/bench.log"; tail -3 "$out/bench.log"; }
 [ -f "$out/cascade-bench.log" ] && { echo "---- cascade bench"; cat "$out/cascade-bench.log"; }
+[ -f "$out/profile.log" ] && { echo "---- profile"; sed 's/  */ /g' "$out/profile.log"; }
 echo "---- summary"
 printf '%s\n' "${summary[@]}"
 # The lent machines send back at most 8 files from $OUT: this visit's logs go
@@ -135,7 +162,7 @@ printf '%s\n' "${summary[@]}"
 if [ "${GPU_RUN_PACK:-1}" = 1 ]; then
   logs=()
   for f in "$out"/gpu.txt "$out"/specs*.log "$out"/memcheck.log "$out"/prefill-memcheck.log "$out"/bench.log \
-    "$out"/cascade-bench.log; do
+    "$out"/cascade-bench.log "$out"/profile.log; do
     [ -f "$f" ] && logs+=("$(basename "$f")")
   done
   if [ ${#logs[@]} -gt 0 ] && tar czf "$out/gpu-run-logs.tgz" -C "$out" "${logs[@]}"; then
