@@ -1,6 +1,6 @@
 -- scripts/lab/prefill_fp8_ab.lua -- prefill over bf16 against fp8_e4m3
 -- caches in one process: the event time (device timing, the median of 20
--- calls) and the wall time of the bench's 8192 causal and chunked (4 x 1024
+-- calls) and the wall time (median) of the bench's 8192 causal and chunked (4 x 1024
 -- new on 8192) workloads, page 16, over bf16, over e4m3 widened into a
 -- 16-bit copy (prefill_fp8 = 1, the default on Hopper) and over e4m3 read
 -- by the mma.sync kernel (prefill_fp8 = 0). On the GPU machine:
@@ -12,7 +12,6 @@ local sweep = require "pagedattn.sweep"
 local dev = assert(pa.device("cuda"))
 local C, ctx = core.C, core.ctx
 local secs = ffi.new("double[1]")
-local function med(t) table.sort(t) return t[math.floor((#t + 1) / 2)] end
 local function time_calls(fn, n)
   assert(C.pa_device_timing(ctx, dev.handle, 1) == 0)
   for _ = 1, 3 do fn() end
@@ -22,7 +21,7 @@ local function time_calls(fn, n)
     wt[i] = pa.clock() - t0; kt[i] = secs[0]
   end
   assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
-  return med(kt), med(wt)
+  return sweep.stats(kt).median, sweep.stats(wt).median
 end
 local H, HK, D = 32, 8, 128
 for _, wl in ipairs({ { 1, 8192, 0 }, { 4, 1024, 8192 } }) do

@@ -118,7 +118,8 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
          * 232.1 against 190.1 us, H200, docs/fp8.md; decode_claim 2 claims
          * there too) */
         const bool claim_pays = t->decode_claim == 2 || (t->decode_claim == 1 && !pa_dtype_is_fp8(p->cache_dtype));
-        kp->claim = mma && !persist_long && !kp->guided && p->paged && stages <= PA_DECODE_CLAIM_MAX_STAGES && claim_pays;
+        kp->claim =
+            mma && !persist_long && !kp->guided && p->paged && stages <= PA_DECODE_CLAIM_MAX_STAGES && claim_pays;
         kp->claim_stages = PA_DECODE_CLAIM_STATIC(stages);
         kp->hw = hw;
         /* eight warps a block, one block a SM, where the sequences are long

@@ -186,9 +186,8 @@ static inline bool pa_lane_beside(const pa_attn_problem *p, const pa_cuda_tuning
 
 /* The blocks of `capacity` (what the GPU holds at once) that a call may
  * count on: all, or for a call on lane 1 beside lane 0 (pa_lane_beside)
- * cascade_share percent,
- * so that its tiles split over that share and leave the rest to the suffix
- * level's decode. */
+ * cascade_share percent, so that its tiles split over that share and leave
+ * the rest to the suffix level's decode. */
 static inline int64_t pa_plan_capacity(const pa_attn_problem *p, const pa_cuda_tuning *t, int64_t capacity) {
     if (!pa_lane_beside(p, t)) return capacity;
     const int64_t c = capacity * t->cascade_share / 100;
