@@ -3,7 +3,9 @@
 -- calls) and the wall time (median) of the bench's 8192 causal and chunked (4 x 1024
 -- new on 8192) workloads, page 16, over bf16, over e4m3 widened into a
 -- 16-bit copy (prefill_fp8 = 1, the default on Hopper) and over e4m3 read
--- by the mma.sync kernel (prefill_fp8 = 0). On the GPU machine:
+-- by the mma.sync kernel (prefill_fp8 = 0). An argument "CFG|CFG|..."
+-- (pagedattn.tuning's configs, e.g. "-|kernel_dir=/tmp/k2") repeats the
+-- copy's row under each config, in turn, each workload. On the GPU machine:
 --   . .gpu-deps/env.sh && . scripts/env.sh && luajit scripts/lab/prefill_fp8_ab.lua
 local ffi = require "ffi"
 local pa = require "pagedattn"
@@ -23,10 +25,15 @@ local function time_calls(fn, n)
   assert(C.pa_device_timing(ctx, dev.handle, 0) == 0)
   return sweep.stats(kt).median, sweep.stats(wt).median
 end
+local configs = require("pagedattn.tuning").parse_configs(arg[1] or "-")
 local H, HK, D = 32, 8, 128
 for _, wl in ipairs({ { 1, 8192, 0 }, { 4, 1024, 8192 } }) do
   local B, S, Cc = wl[1], wl[2], wl[3]
-  for _, kv in ipairs({ "bf16", "fp8_e4m3", "fp8_e4m3/0" }) do
+  local rows = { { "bf16" } }
+  for _, cfg in ipairs(configs) do rows[#rows + 1] = { "fp8_e4m3", cfg } end
+  rows[#rows + 1] = { "fp8_e4m3/0" }
+  for _, row in ipairs(rows) do
+    local kv, cfg = row[1], row[2]
     local kvd = kv:match("^[^/]+")
     local kc, vc, bt = sweep.make_cache(pa, dev, B, S + Cc, HK, D, 16, kvd)
     local q = assert(pa.randn({ B, S, H, D }, "bf16", dev, 3))
@@ -35,8 +42,11 @@ for _, wl in ipairs({ { 1, 8192, 0 }, { 4, 1024, 8192 } }) do
     local opts = { block_table = bt, cache_seqlens = S + Cc, causal = true, out = out, k_scale = f8 and 0.5 or nil,
       v_scale = f8 and 0.25 or nil }
     dev:set_tuning({ prefill_fp8 = kv:match("/0") and 0 or 1 })
-    local k, w = time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, 20)
-    print(string.format("pf %dx%d+%d %-12s event %8.1f us  wall %8.1f us", B, S, Cc, kv, k * 1e6, w * 1e6))
+    local k, w = dev:with_tuning(cfg and cfg.fields or {}, function()
+      return time_calls(function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end, 20)
+    end)
+    print(string.format("pf %dx%d+%d %-12s event %8.1f us  wall %8.1f us%s", B, S, Cc, kv, k * 1e6, w * 1e6,
+      cfg and "  [" .. cfg.name .. "]" or ""))
     kc, vc, bt, q, out = nil; collectgarbage(); collectgarbage()
   end
 end
