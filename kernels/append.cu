@@ -30,9 +30,10 @@
  * bytes.
  *
  * FP8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
- * head, computed in double (the reciprocal once a head) and rounded once,
+ * head, defined in double (the reciprocal once a head) and rounded once,
  * nearest even and saturating: the host's definition, so CPU and GPU write
- * the same bytes. New tokens take the 16-byte path where it allows (8
+ * the same bytes (the 16-byte path finds most of them in f32, where that is
+ * sure: kv8). New tokens take the 16-byte path where it allows (8
  * elements a lane in, 8 bytes out), else the staged one (a lane an
  * element).
  *
@@ -70,6 +71,16 @@
 typedef pa_elem<PA_DTYPE> E;
 #define ESZ (PA_DTYPE == PA_DT_F32 ? 4 : 2)
 
+/* The cos/sin rows as staged (values of f32 or narrower tables, so exact
+ * either way): double in the 16-bit modules; f32 in the fp8 ones, whose
+ * 16-byte path rotates in f32 (kv8) and would otherwise pay a conversion
+ * from double for each use (its other paths widen them, exactly). */
+#if PA_DT_IS_FP8(PA_KV)
+typedef float rot_t;
+#else
+typedef double rot_t;
+#endif
+
 /* A rotated pair (x0, x1) -> (x0 c - x1 s, x0 s + x1 c), in double without
  * fused multiply-adds, so that the rounding is the host's. */
 __device__ __forceinline__ void rotate_pair(double x0, double x1, double c, double s, double &y0, double &y1) {
@@ -101,7 +112,7 @@ __device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int
  * time through the warp's stage x (pa_load8 where the rows allow). */
 template <typename S>
 __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const void *src, i64 src0, int heads,
-                                            double *x, const double *cs, const double *sn, int lane, S store) {
+                                            double *x, const rot_t *cs, const rot_t *sn, int lane, S store) {
     const int D = p.head_dim, per = STAGE / D; /* heads a batch */
     /* (16-bit dtypes: 8 elements a load; f32's element loads are whole lines already) */
     const bool vec = ESZ == 2 && D % 8 == 0 && ((((u64)src) + (u64)src0 * ESZ) & 15) == 0;
@@ -149,40 +160,36 @@ __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const voi
     }
 }
 
+/* x * s rounded to odd in f32, exactly as pa_f64_to_f32_odd((double)x * s)
+ * (x an fp8 value, s an f32: the product has at most 28 bits, exact in
+ * double) without the double: a truncated product and its residual by an
+ * FMA, exact wherever the product is a normal f32 well above underflow (the
+ * rest, rare, takes the double). Conversions to and from double issue 16 a
+ * clock a SM on sm_80/90 (f32 FMAs 128), and they bound the fp8 widening. */
+__device__ __forceinline__ float pa_mul_f32_odd(float x, float s) {
+    const float r = __fmul_rz(x, s), a = fabsf(r);
+    if (x == 0.f || (a >= __int_as_float(0x0d800000) /* 2^-100 */ && a < __int_as_float(0x7f7fffff))) {
+        return __fmaf_rn(x, s, -r) != 0.f ? __uint_as_float(__float_as_uint(r) | 1u) : r;
+    }
+    return pa_f64_to_f32_odd((double)x * (double)s);
+}
+
 /* Element i of 8 packed 16-bit elements, as a double (exact). */
 __device__ __forceinline__ double elem8(const uint4 &v, int i) {
     const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w; /* (i: a constant after unrolling) */
     return (double)E::load(&w, i & 1);
 }
 
-/* Two floats as fp8 bytes (a the low byte), pa_f32_to_fp8's rounding: from
- * sm_89 the hardware's conversion (nearest even, saturating; it makes every
- * NaN a positive one, so a NaN keeps its sign here as the host's code does),
- * else the integer code. */
-template <int DT> __device__ __forceinline__ u32 pa_f32x2_to_fp8x2(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    unsigned short h;
-    if constexpr (DT == PA_DT_FP8_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(b), "f"(a));
-    else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(b), "f"(a));
-    u32 r = h;
-    if (a != a) r = (r & 0xff00u) | pa_f32_to_fp8<DT>(a);
-    if (b != b) r = (r & 0x00ffu) | (pa_f32_to_fp8<DT>(b) << 8);
-    return r;
-#else
-    return pa_f32_to_fp8<DT>(a) | (pa_f32_to_fp8<DT>(b) << 8);
-#endif
-}
-
 /* 8 results of a row, put one at a time: rounded once to the dtype
  * (pa_store_f64's rounding) and stored as 16 bytes (OUT_DT: a 16-bit cache
- * row), as f32 (OUT_F32: the rotated q copy, 32 bytes), or times the kv
- * head's 1 / scale and rounded once to the fp8 cache (OUT_KV: 8 bytes; the
- * staged path's fp8_store, so the same bytes). */
+ * row) or as f32 (OUT_F32: the rotated q copy, 32 bytes). OUT_KV: an fp8
+ * cache row, 8 bytes (kv8 below). */
 enum { OUT_DT, OUT_F32, OUT_KV };
 template <int O> struct out8;
 template <> struct out8<OUT_DT> {
     u32 w[4];
     __device__ __forceinline__ void put(int i, double y) { E::store(&w[i >> 1], i & 1, pa_f64_to_f32_odd(y)); }
+    __device__ __forceinline__ void put_odd(int i, float y) { E::store(&w[i >> 1], i & 1, y); } /* (y rounded to odd) */
     __device__ __forceinline__ void flush(char *row, int e) const {
         *(uint4 *)(row + (i64)e * 2) = make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -196,27 +203,80 @@ template <> struct out8<OUT_F32> {
         *(float4 *)(o + 4) = make_float4(f[4], f[5], f[6], f[7]);
     }
 };
-template <> struct out8<OUT_KV> {
-    float f[8];
-    double inv;
-    __device__ __forceinline__ void put(int i, double y) { f[i] = pa_f64_to_f32_odd(__dmul_rn(y, inv)); }
-    __device__ __forceinline__ void flush(char *row, int e) const {
-        if constexpr (FP8) {
-            u32 w[2];
-#pragma unroll
-            for (int k = 0; k < 2; k++)
-                w[k] = pa_f32x2_to_fp8x2<PA_KV>(f[4 * k], f[4 * k + 1]) |
-                       (pa_f32x2_to_fp8x2<PA_KV>(f[4 * k + 2], f[4 * k + 3]) << 16);
-            *(uint2 *)(row + e) = make_uint2(w[0], w[1]);
-        }
-    }
-};
-
 /* fp8: 1 / scale of kv head hk, in double: the host's 1.0 / scale, so
  * that both backends store the same bytes by one definition */
 __device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
     return ((const double *)p.inv_scales)[(is_k ? 0 : p.kv_heads) + hk];
 }
+
+/* 8 fp8 cache bytes of a 16-byte chunk, each the host's value (fp8_store's:
+ * x = a b + e f in double, times 1 / scale in double, rounded once) found in
+ * f32 where that is sure: z = fl32(fl32(a b + fl32(e f)) inv) is within
+ * 2^-22 (|a b| + |e f|) |inv| of the double (two f32 roundings of the sum,
+ * two of the scaling, inv's own; the products in double are exact: a 16-bit
+ * x times an f32), so where z - err and z + err (err = 2^-20 (|a b| + |e f|)
+ * |inv|, 4x that) round to one fp8 code, rounding being monotonic, so does
+ * the double. err within [2^-99, 2^100] (|inv| <= 2^20) keeps f32 underflow
+ * (an absolute 2^-150) inside err and every value finite, and excludes NaN.
+ * Elsewhere (within the bound of an fp8 midpoint: on the host model, 3e-5
+ * of normal random k and v at scales 0.5 and 0.25, 2e-3 to 5e-3 at scales
+ * such as 0.3 whose reciprocals put some bf16 values on ties; zeros, NaN,
+ * infinities, scales beyond 2^+-20) the element takes the double path. One
+ * conversion an element (f32 pair -> fp8 pair) instead of five to and from
+ * double, which issue 16 a clock a SM on sm_90. sm_89+ (that conversion);
+ * before, the double path alone. */
+struct kv8 {
+    u32 w[2];
+    double invd;
+    float inv, tol;
+    bool fast, exact;
+    __device__ __forceinline__ explicit kv8(double inv_d)
+        : w{0u, 0u}, invd(inv_d), inv((float)inv_d), tol(fabsf((float)inv_d) * 0x1p-20f),
+          fast(inv_d >= 0x1p-60 && inv_d <= 0x1p20), exact(fast && (double)(float)inv_d == inv_d) {}
+    /* element i: x / scale. Where 1 / scale is an f32 and the product x inv
+     * is exact in f32 (its FMA residual 0; an underflow that hides a
+     * residual gives fp8 0 either way), z is the double's value itself and
+     * rounds as it would: a 16-bit x lies on an fp8 tie 1 time in 16 (e4m3),
+     * which put's interval can never decide. */
+    __device__ __forceinline__ void put_x(int i, float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        if (exact) {
+            const float z = __fmul_rn(x, inv);
+            if (__fmaf_rn(x, inv, -z) == 0.f) {
+                unsigned short h;
+                if constexpr (PA_KV == PA_DT_FP8_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
+                else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
+                w[i >> 2] |= ((u32)h & 0xffu) << (8 * (i & 3));
+                return;
+            }
+        }
+#endif
+        put(i, x, 1.f, -0.f, 0.f);
+    }
+    /* element i: (a b + e f) / scale (a rotated pair's term: e = -x1 or x1;
+     * a plain value x: b = 1, e f = -0 * 0, so that x + (-0) is x) */
+    __device__ __forceinline__ void put(int i, float a, float b, float e, float f) {
+        u32 code = 0u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        const float t = __fmul_rn(e, f), z = __fmul_rn(__fmaf_rn(a, b, t), inv);
+        const float err = __fmul_rn(__fmaf_rn(fabsf(a), fabsf(b), fabsf(t)), tol);
+        unsigned short h;
+        if constexpr (PA_KV == PA_DT_FP8_E4M3)
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(__fadd_rn(z, err)), "f"(__fsub_rn(z, err)));
+        else
+            asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(__fadd_rn(z, err)), "f"(__fsub_rn(z, err)));
+        const u32 hh = h;
+        const bool sure = fast && ((hh ^ (hh >> 8)) & 0xffu) == 0u &&
+                          __float_as_uint(err) - 0x0e000000u /* 2^-99 */ <= 0x71800000u /* 2^100 */ - 0x0e000000u;
+        if (sure) code = hh & 0xffu;
+        else
+#endif
+            code = pa_f32_to_fp8<PA_KV>(
+                pa_f64_to_f32_odd(__dmul_rn(__dadd_rn(__dmul_rn(a, b), __dmul_rn(e, f)), invd)));
+        w[i >> 2] |= code << (8 * (i & 3));
+    }
+    __device__ __forceinline__ void flush(char *row, int e) const { *(uint2 *)(row + e) = make_uint2(w[0], w[1]); }
+};
 
 /* Rotary chunks of a token's `heads` rows (rows8_pass's items) */
 __device__ __forceinline__ int rows8_items(const pa_append_params &p, int heads) {
@@ -266,7 +326,7 @@ template <int O, int K> struct rows8_pass {
             }
         }
     }
-    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const double *cs, const double *sn,
+    __device__ __forceinline__ void store(const pa_append_params &p, char *dst, const rot_t *cs, const rot_t *sn,
                                           int h0 = 0) const {
         const int rd = p.rotary_dim, half = rd >> 1;
         const int rot = p.interleaved ? rd / 8 : half / 8;
@@ -274,34 +334,70 @@ template <int O, int K> struct rows8_pass {
         for (int k = 0; k < K; k++) {
             if (!ok[k]) break;
             const int c = cc[k];
-            out8<O> y;
-            if constexpr (O == OUT_KV) y.inv = inv_scale(p, true, h0 + hd[k]);
-            if (c >= rot) { /* past the rotary dim: as it is */
+            if constexpr (O == OUT_KV) {
+                store_kv(p, dst, cs, sn, k, inv_scale(p, true, h0 + hd[k]));
+            } else {
+                out8<O> y;
+                if (c >= rot) { /* past the rotary dim: as it is */
 #pragma unroll
-                for (int i = 0; i < 8; i++) y.put(i, elem8(a[k], i));
-                y.flush(dst, e[k]);
-            } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 c + i */
+                    for (int i = 0; i < 8; i++) y.put(i, elem8(a[k], i));
+                    y.flush(dst, e[k]);
+                } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 c + i */
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    double y0, y1;
-                    rotate_pair(elem8(a[k], 2 * i), elem8(a[k], 2 * i + 1), cs[4 * c + i], sn[4 * c + i], y0, y1);
-                    y.put(2 * i, y0);
-                    y.put(2 * i + 1, y1);
+                    for (int i = 0; i < 4; i++) {
+                        double y0, y1;
+                        rotate_pair(elem8(a[k], 2 * i), elem8(a[k], 2 * i + 1), cs[4 * c + i], sn[4 * c + i], y0, y1);
+                        y.put(2 * i, y0);
+                        y.put(2 * i + 1, y1);
+                    }
+                    y.flush(dst, e[k]);
+                } else { /* j = 8 c + i: a[k] the first half's elements, b[k] their partners */
+                    out8<O> y1;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        double r0, r1;
+                        rotate_pair(elem8(a[k], i), elem8(b[k], i), cs[8 * c + i], sn[8 * c + i], r0, r1);
+                        y.put(i, r0);
+                        y1.put(i, r1);
+                    }
+                    y.flush(dst, e[k]);
+                    y1.flush(dst, e[k] + half);
                 }
-                y.flush(dst, e[k]);
-            } else { /* j = 8 c + i: a[k] the first half's elements, b[k] their partners */
-                out8<O> y1;
-                if constexpr (O == OUT_KV) y1.inv = y.inv;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    double r0, r1;
-                    rotate_pair(elem8(a[k], i), elem8(b[k], i), cs[8 * c + i], sn[8 * c + i], r0, r1);
-                    y.put(i, r0);
-                    y1.put(i, r1);
-                }
-                y.flush(dst, e[k]);
-                y1.flush(dst, e[k] + half);
             }
+        }
+    }
+    /* item k into an fp8 cache (kv8), its head's 1 / scale inv */
+    __device__ __forceinline__ void store_kv(const pa_append_params &p, char *dst, const rot_t *cs, const rot_t *sn,
+                                             int k, double inv) const {
+        const int rd = p.rotary_dim, half = rd >> 1;
+        const int rot = p.interleaved ? rd / 8 : half / 8, c = cc[k];
+        auto x = [](const uint4 &v, int i) { /* element i of 8 packed 16-bit ones, as an f32 (exact) */
+            const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+            return E::load(&w, i & 1);
+        };
+        kv8 y(inv);
+        if (c >= rot) { /* past the rotary dim: as it is */
+#pragma unroll
+            for (int i = 0; i < 8; i++) y.put_x(i, x(a[k], i));
+            y.flush(dst, e[k]);
+        } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 c + i */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float x0 = x(a[k], 2 * i), x1 = x(a[k], 2 * i + 1), cj = cs[4 * c + i], sj = sn[4 * c + i];
+                y.put(2 * i, x0, cj, -x1, sj);
+                y.put(2 * i + 1, x0, sj, x1, cj);
+            }
+            y.flush(dst, e[k]);
+        } else { /* j = 8 c + i: a[k] the first half's elements, b[k] their partners */
+            kv8 y1(inv);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float x0 = x(a[k], i), x1 = x(b[k], i), cj = cs[8 * c + i], sj = sn[8 * c + i];
+                y.put(i, x0, cj, -x1, sj);
+                y1.put(i, x0, sj, x1, cj);
+            }
+            y.flush(dst, e[k]);
+            y1.flush(dst, e[k] + half);
         }
     }
 };
@@ -329,10 +425,12 @@ template <int K> struct copy8_pass {
         for (int k = 0; k < K; k++) {
             const int u = u0 + lane + 32 * k;
             if (u >= n) break;
-            out8<OUT_KV> y;
-            y.inv = inv_scale(p, is_k, h0 + u / per);
+            kv8 y(inv_scale(p, is_k, h0 + u / per));
 #pragma unroll
-            for (int i = 0; i < 8; i++) y.put(i, elem8(v[k], i));
+            for (int i = 0; i < 8; i++) {
+                const u32 w = i < 2 ? v[k].x : i < 4 ? v[k].y : i < 6 ? v[k].z : v[k].w;
+                y.put_x(i, E::load(&w, i & 1));
+            }
             y.flush(dst, 8 * u);
         }
     }
@@ -343,7 +441,7 @@ template <int K> struct copy8_pass {
  * since). Where rows8_ok. */
 template <int O, int K>
 __device__ __forceinline__ void rotate_rows8(const pa_append_params &p, const char *src, char *dst, int heads,
-                                             const double *cs, const double *sn, int lane,
+                                             const rot_t *cs, const rot_t *sn, int lane,
                                              const rows8_pass<O, K> &first) {
     first.store(p, dst, cs, sn);
     const int n = rows8_items(p, heads);
@@ -382,7 +480,7 @@ struct rot_row {
                 s[t] = pa_load_any((const void *)p.rot_sin, p.rot_dtype, pos * half + lane + 32 * t);
             }
     }
-    __device__ __forceinline__ void put(const pa_append_params &p, double *cs, double *sn, int lane) const {
+    __device__ __forceinline__ void put(const pa_append_params &p, rot_t *cs, rot_t *sn, int lane) const {
         const int half = p.rotary_dim >> 1;
 #pragma unroll
         for (int t = 0; t < MAX_HALF / 32; t++)
@@ -392,7 +490,7 @@ struct rot_row {
             }
     }
 };
-__device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, double *cs, double *sn, int lane) {
+__device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, rot_t *cs, rot_t *sn, int lane) {
     const int half = p.rotary_dim >> 1;
     for (int j = lane; j < half; j += 32) {
         cs[j] = pa_load_any((const void *)p.rot_cos, p.rot_dtype, pos * half + j);
@@ -410,8 +508,8 @@ __device__ __forceinline__ void stage_rot(const pa_append_params &p, i64 pos, do
  * blocks a SM, or three blocks) or by cp.async into shared memory, was
  * slower: docs/append.md). */
 template <int KK, bool ROT>
-__device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, int b, int h0, int nh, double *cs,
-                                            double *sn, int lane) {
+__device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, int b, int h0, int nh, rot_t *cs,
+                                            rot_t *sn, int lane) {
     const int D = p.head_dim, nv = nh * D / 8;
     const int nk = ROT ? rows8_items(p, nh) : nv;
     constexpr int KV = PA_APPEND_KV, KP = ROT ? KK : KV; /* v chunks and k items a lane a pass */
@@ -502,14 +600,15 @@ struct fp8_store {
  * tokens 7.1 -> 6.9 us, 1024 x 1 13.1 -> 12.6; docs/append.md). */
 template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append_params &p) {
     __shared__ double s_x[WARPS][STAGE];
-    __shared__ double s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
+    __shared__ rot_t s_cs[WARPS][MAX_HALF], s_sn[WARPS][MAX_HALF];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 w = (i64)blockIdx.x * WARPS + warp;
     const i64 item = w / p.split; /* a new token, then a query token */
     const int share = (int)(w - item * p.split);
     const int D = p.head_dim;
     const pa_seq_meta *meta = (const pa_seq_meta *)p.meta;
-    double *x = s_x[warp], *cs = s_cs[warp], *sn = s_sn[warp];
+    double *x = s_x[warp];
+    rot_t *cs = s_cs[warp], *sn = s_sn[warp];
     /* this warp's heads of the token's `heads` */
     auto heads_of = [&](int heads, int &h0, int &nh) {
         const int per = (heads + p.split - 1) / p.split;
@@ -603,7 +702,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
 /* The keys of block-table entry (b, j) = blockIdx.x's, widened from fp8
  * (pa_dequant_params), zeros past the sequence's last key (the entries past
  * its pages are not read): 8 elements a thread at a time, an 8-byte load, each
- * times its kv head's scale in double (exact) and rounded once, a 16-byte
+ * times its kv head's scale (exact, pa_mul_f32_odd) and rounded once, a 16-byte
  * store; a thread's DQ_UNROLL loads go out before its first conversion. Only
  * in the fp8 modules of a 16-bit q (elsewhere: nothing). */
 #define DQ_UNROLL 4
@@ -637,13 +736,13 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
                 const bool is_v = c >= n;
                 const int cc = is_v ? c - n : c, hk = (cc % row) / per;
                 const u64 sc = is_v ? p.v_scales : p.k_scales;
-                const double s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
+                const float s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
                 float x[8];
                 pa_fp8x4_to_f32<PA_KV>(raw[u].x, *(float(*)[4])x);
                 pa_fp8x4_to_f32<PA_KV>(raw[u].y, *(float(*)[4])(x + 4));
                 out8<OUT_DT> y;
 #pragma unroll
-                for (int i = 0; i < 8; i++) y.put(i, (double)x[i] * s);
+                for (int i = 0; i < 8; i++) y.put_odd(i, pa_mul_f32_odd(x[i], s));
                 y.flush((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2, 0);
             }
         }
