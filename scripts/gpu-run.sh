@@ -14,6 +14,10 @@
 #                     rows with one stream and other shares of a wave (cascade_overlap, cascade_share)
 #   profile           (not in the default) ncu: each kernel's time in a cascade call at real clocks,
 #                     the pipes busy in the fp8 decode, the fp8 append and the fp8 widening
+#   fp8-ab            (not in the default) the kernels of GPU_RUN_KERNEL_DIR (another tree's kernels/)
+#                     against these in one process each: the fp8 decode (both formats), the prefill
+#                     over the fp8 copy, the fp8 append (ncu, real clocks); then gpu_fp8_spec.lua
+#                     (GPU_RUN_FP8_SCALE of its cases, default 0.3) on that tree's kernels
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
@@ -128,10 +132,12 @@ for step in $steps; do
     { echo "== cascade call, kernels (rc $?)"; grep -E 'pa_[a-z_0-9]+ \(|gpu__time_duration' "$out/profile-run.tmp" | tail -16; } \
       >>"$out/profile.log"
     pipes=gpu__time_duration.sum,sm__inst_executed.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed
-    for pipe in alu fma fp16 fp64 xu lsu uniform; do
+    # (no fp16 pipe metric on sm_90: ncu answers n/a)
+    for pipe in alu fma fp64 xu lsu uniform; do
       pipes+=",sm__inst_executed_pipe_$pipe.avg.pct_of_peak_sustained_active"
     done
     pipes+=",sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread"
+    pipes+=",sm__warps_active.avg.pct_of_peak_sustained_active"
     for job in "pa_decode|decode_once.lua 64 4096 fp8_e4m3" "pa_decode|decode_once.lua 64 4096 bf16" \
       "pa_append|append_once.lua fp8_e4m3" "pa_dequant|prefill_once.lua --batch 4 --seqlen 1024 --cached 8192 --kv fp8_e4m3"; do
       # shellcheck disable=SC2086 # the job's arguments: words
@@ -141,6 +147,32 @@ for step in $steps; do
     done
     rm -f "$out/profile-run.tmp"
     summary+=("profile: see below")
+    ;;
+  fp8-ab)
+    kd=${GPU_RUN_KERNEL_DIR:-}
+    if [ -z "$kd" ] || [ ! -d "$kd" ]; then
+      summary+=("fp8-ab: GPU_RUN_KERNEL_DIR must name a kernels/ directory (got '$kd')")
+      continue
+    fi
+    kd=$(cd "$kd" && pwd)
+    : >"$out/fp8-ab.log"
+    for kv in fp8_e4m3 fp8_e5m2; do
+      PAGEDATTN_AB_KV=$kv timeout 90 luajit scripts/lab/decode_ab.lua "-|kernel_dir=$kd" 64x4096,8x32768,256x1024 2 \
+        >"$out/fp8-ab-run.tmp" 2>&1
+      { echo "== decode $kv (rc $?)"; grep -A6 '^summary' "$out/fp8-ab-run.tmp"; } >>"$out/fp8-ab.log"
+    done
+    timeout 90 luajit scripts/lab/prefill_fp8_ab.lua "-|kernel_dir=$kd" >"$out/fp8-ab-run.tmp" 2>&1
+    { echo "== prefill (rc $?)"; grep '^pf' "$out/fp8-ab-run.tmp"; } >>"$out/fp8-ab.log"
+    for dir in "" "$kd"; do
+      PAGEDATTN_KERNEL_DIR=$dir timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum -k regex:pa_append \
+        luajit scripts/lab/append_once.lua fp8_e4m3 >"$out/fp8-ab-run.tmp" 2>&1
+      echo "== append fp8_e4m3 ${dir:+(B)} (rc $?): $(grep gpu__time_duration "$out/fp8-ab-run.tmp" | awk '{print $NF}' | tr '\n' ' ')us" \
+        >>"$out/fp8-ab.log"
+    done
+    rm -f "$out/fp8-ab-run.tmp"
+    PAGEDATTN_KERNEL_DIR=$kd PAGEDATTN_SPEC_SCALE=${GPU_RUN_FP8_SCALE:-0.3} timeout "${GPU_RUN_TIMEOUT_SPECS:-300}" \
+      luajit "$busted_bin" --lua=luajit -o TAP --tags=gpu spec/gpu_fp8_spec.lua >"$out/fp8-ab-spec.log" 2>&1
+    summary+=("fp8-ab: see below; gpu_fp8_spec on B: $(grep -c '^ok ' "$out/fp8-ab-spec.log") ok, $(grep -c '^not ok ' "$out/fp8-ab-spec.log") not ok")
     ;;
   *) echo "gpu-run: unknown step $step" >&2 ;;
   esac
@@ -155,6 +187,7 @@ done
 [ -f "$out/bench.log" ] && { echo "---- bench"; sed -n '/^summary/,$p' "$out/bench.log"; tail -3 "$out/bench.log"; }
 [ -f "$out/cascade-bench.log" ] && { echo "---- cascade bench"; cat "$out/cascade-bench.log"; }
 [ -f "$out/profile.log" ] && { echo "---- profile"; sed 's/  */ /g' "$out/profile.log"; }
+[ -f "$out/fp8-ab.log" ] && { echo "---- fp8-ab (B: $GPU_RUN_KERNEL_DIR)"; cat "$out/fp8-ab.log"; grep -A12 '^not ok ' "$out/fp8-ab-spec.log" | head -40; }
 echo "---- summary"
 printf '%s\n' "${summary[@]}"
 # The lent machines send back at most 8 files from $OUT: this visit's logs go
@@ -162,7 +195,7 @@ printf '%s\n' "${summary[@]}"
 if [ "${GPU_RUN_PACK:-1}" = 1 ]; then
   logs=()
   for f in "$out"/gpu.txt "$out"/specs*.log "$out"/memcheck.log "$out"/prefill-memcheck.log "$out"/bench.log \
-    "$out"/cascade-bench.log "$out"/profile.log; do
+    "$out"/cascade-bench.log "$out"/profile.log "$out"/fp8-ab.log "$out"/fp8-ab-spec.log; do
     [ -f "$f" ] && logs+=("$(basename "$f")")
   done
   if [ ${#logs[@]} -gt 0 ] && tar czf "$out/gpu-run-logs.tgz" -C "$out" "${logs[@]}"; then
