@@ -174,10 +174,10 @@ __device__ __forceinline__ float pa_mul_f32_odd(float x, float s) {
     return pa_f64_to_f32_odd((double)x * (double)s);
 }
 
-/* Element i of 8 packed 16-bit elements, as a double (exact). */
-__device__ __forceinline__ double elem8(const uint4 &v, int i) {
+/* Element i of 8 packed 16-bit elements, as a T (double or f32: exact). */
+template <typename T = double> __device__ __forceinline__ T elem8(const uint4 &v, int i) {
     const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w; /* (i: a constant after unrolling) */
-    return (double)E::load(&w, i & 1);
+    return (T)E::load(&w, i & 1);
 }
 
 /* 8 results of a row, put one at a time: rounded once to the dtype
@@ -244,8 +244,10 @@ struct kv8 {
             const float z = __fmul_rn(x, inv);
             if (__fmaf_rn(x, inv, -z) == 0.f) {
                 unsigned short h;
-                if constexpr (PA_KV == PA_DT_FP8_E4M3) asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
-                else asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
+                if constexpr (PA_KV == PA_DT_FP8_E4M3)
+                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
+                else
+                    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
                 w[i >> 2] |= ((u32)h & 0xffu) << (8 * (i & 3));
                 return;
             }
@@ -371,19 +373,16 @@ template <int O, int K> struct rows8_pass {
                                              int k, double inv) const {
         const int rd = p.rotary_dim, half = rd >> 1;
         const int rot = p.interleaved ? rd / 8 : half / 8, c = cc[k];
-        auto x = [](const uint4 &v, int i) { /* element i of 8 packed 16-bit ones, as an f32 (exact) */
-            const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
-            return E::load(&w, i & 1);
-        };
         kv8 y(inv);
         if (c >= rot) { /* past the rotary dim: as it is */
 #pragma unroll
-            for (int i = 0; i < 8; i++) y.put_x(i, x(a[k], i));
+            for (int i = 0; i < 8; i++) y.put_x(i, elem8<float>(a[k], i));
             y.flush(dst, e[k]);
         } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 c + i */
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float x0 = x(a[k], 2 * i), x1 = x(a[k], 2 * i + 1), cj = cs[4 * c + i], sj = sn[4 * c + i];
+                const float x0 = elem8<float>(a[k], 2 * i), x1 = elem8<float>(a[k], 2 * i + 1);
+                const float cj = cs[4 * c + i], sj = sn[4 * c + i];
                 y.put(2 * i, x0, cj, -x1, sj);
                 y.put(2 * i + 1, x0, sj, x1, cj);
             }
@@ -392,7 +391,8 @@ template <int O, int K> struct rows8_pass {
             kv8 y1(inv);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                const float x0 = x(a[k], i), x1 = x(b[k], i), cj = cs[8 * c + i], sj = sn[8 * c + i];
+                const float x0 = elem8<float>(a[k], i), x1 = elem8<float>(b[k], i);
+                const float cj = cs[8 * c + i], sj = sn[8 * c + i];
                 y.put(i, x0, cj, -x1, sj);
                 y1.put(i, x0, sj, x1, cj);
             }
@@ -427,10 +427,7 @@ template <int K> struct copy8_pass {
             if (u >= n) break;
             kv8 y(inv_scale(p, is_k, h0 + u / per));
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const u32 w = i < 2 ? v[k].x : i < 4 ? v[k].y : i < 6 ? v[k].z : v[k].w;
-                y.put_x(i, E::load(&w, i & 1));
-            }
+            for (int i = 0; i < 8; i++) y.put_x(i, elem8<float>(v[k], i));
             y.flush(dst, 8 * u);
         }
     }

@@ -3,8 +3,9 @@
  * kernels/append.cu) against the host's definition of the cache byte
  * (pa_f64_to_fp8 of (a b + e f) * (1 / scale), each operation in double), on
  * the host: where kv8 says it is sure, its byte must be the definition's.
- * put_x's exact products are checked the same way. The hardware's cvt.rn.satfinite (f32 -> fp8, nearest even, saturating) is
- * modelled by pa_f32_to_fp8, which the GPU specs check it against. Samples:
+ * put_x's exact products are checked the same way. The hardware's
+ * cvt.rn.satfinite (f32 -> fp8, nearest even, saturating) is modelled by
+ * pa_f32_to_fp8, which the GPU specs check it against. Samples:
  * bf16 and f16 values (random bits, random normals), rotary terms (a b + e f
  * with cos/sin of random angles, or v's plain x: b = 1, e f = -0 * 0), scales
  * of random bits, random exponents, powers of two and values near 1, and
