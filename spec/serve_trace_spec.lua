@@ -108,25 +108,37 @@ describe("serve traces", function()
     end
   end)
 
+  -- The arrival tests draw with a fresh seed on every run, so each bound is six
+  -- standard errors of its estimate (a false alarm about once in 10^8 runs); the
+  -- earlier fixed bounds were 2.6 errors and failed about one run in a hundred.
   it("generates Poisson arrivals at the rate asked", function()
-    local reqs = trace.synthetic{ requests = 4000, rate = 50, prompt = { 10, 20 }, output = { 1, 5 }, seed = H.seed("trace-poisson") }
-    local mean = reqs[#reqs].arrival / (#reqs - 1)
-    assert(math.abs(mean * 50 - 1) < 0.06, "mean gap " .. mean .. " for rate 50; " .. H.rerun("spec/serve_trace_spec.lua"))
+    local reqs = trace.synthetic{ requests = 20000, rate = 50, prompt = { 10, 20 }, output = { 1, 5 }, seed = H.seed("trace-poisson") }
+    local n = #reqs - 1
+    local mean = reqs[#reqs].arrival / n
+    -- exponential gaps: the mean's relative standard error is 1 / sqrt(n)
+    assert(math.abs(mean * 50 - 1) < 6 / math.sqrt(n), "mean gap " .. mean .. " for rate 50; " .. H.rerun("spec/serve_trace_spec.lua"))
     for i = 1, #reqs do assert.are.equal(i, reqs[i].id) end
   end)
 
   it("generates bursty gamma arrivals: the same rate, the gaps' spread as asked", function()
     for _, cv in ipairs({ 0.5, 3 }) do
-      local reqs = trace.synthetic{ requests = 6000, rate = 10, arrival = "gamma", burstiness = cv, prompt = { 1, 1 },
+      local reqs = trace.synthetic{ requests = 100000, rate = 10, arrival = "gamma", burstiness = cv, prompt = { 1, 1 },
         output = { 1, 1 }, seed = H.seed("trace-gamma", cv * 10) }
       local gaps, sum = {}, 0
       for i = 2, #reqs do gaps[#gaps + 1] = reqs[i].arrival - reqs[i - 1].arrival; sum = sum + gaps[#gaps] end
-      local mean = sum / #gaps
+      local n = #gaps
+      local mean = sum / n
       local var = 0
       for _, g in ipairs(gaps) do var = var + (g - mean) ^ 2 end
-      local got_cv = math.sqrt(var / #gaps) / mean
-      assert(math.abs(mean * 10 - 1) < 0.1, "cv " .. cv .. ": mean gap " .. mean)
-      assert(math.abs(got_cv / cv - 1) < 0.15, "cv " .. cv .. ": measured " .. got_cv .. "; " .. H.rerun("spec/serve_trace_spec.lua"))
+      local got_cv = math.sqrt(var / n) / mean
+      -- relative standard errors for gamma gaps of shape k = 1/cv^2: the mean's is
+      -- cv / sqrt(n); the standard deviation's is sqrt((2 + 6/k) / 4n) (excess
+      -- kurtosis 6/k), added in quadrature to the mean's for their ratio
+      local k = 1 / (cv * cv)
+      local se_mean = cv / math.sqrt(n)
+      local se_cv = math.sqrt(((2 + 6 / k) / 4 + cv * cv) / n)
+      assert(math.abs(mean * 10 - 1) < 6 * se_mean, "cv " .. cv .. ": mean gap " .. mean .. "; " .. H.rerun("spec/serve_trace_spec.lua"))
+      assert(math.abs(got_cv / cv - 1) < 6 * se_cv, "cv " .. cv .. ": measured " .. got_cv .. "; " .. H.rerun("spec/serve_trace_spec.lua"))
     end
   end)
 
