@@ -128,6 +128,25 @@ describe("NVRTC kernel compilation", function()
     os.execute("rm -rf '" .. dir .. "'")
   end)
 
+  it("compiles a kernel directory's own files: a header the embedded set lacks, and without files its kernel does not need", function()
+    -- (another tree's kernels, A/B'd in one process, may add or drop a header)
+    local dir = tmpdir()
+    local src = core.root .. "/kernels"
+    for _, name in ipairs({ "params.h", "common.cuh" }) do write_file(dir .. "/" .. name, read_file(src .. "/" .. name)) end
+    write_file(dir .. "/zz_extra.cuh", "#define PA_ZZ_EXTRA 7\n")
+    write_file(dir .. "/util.cu", '#include "zz_extra.cuh"\nstatic_assert(PA_ZZ_EXTRA == 7, "the extra header");\n'
+      .. read_file(src .. "/util.cu"))
+    with_env({ PAGEDATTN_KERNEL_DIR = dir }, function()
+      local s, e = compile("util", "sm_90a", false)
+      assert(s == 0, e)
+      -- a kernel whose file the directory lacks: an error naming the directory and the file
+      s, e = compile("merge dtype=f16", "sm_90a", false)
+      assert.equal(1, s)
+      assert(e:find("PAGEDATTN_KERNEL_DIR", 1, true) and e:find(dir, 1, true) and e:find("merge.cu", 1, true), e)
+    end)
+    os.execute("rm -rf '" .. dir .. "'")
+  end)
+
   it("takes more NVRTC options from PAGEDATTN_NVRTC_OPTIONS (in the cache key), and says which are wrong", function()
     local dir = tmpdir()
     with_env({ PAGEDATTN_KERNEL_CACHE = dir }, function()

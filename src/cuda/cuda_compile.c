@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include "cuda_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -23,46 +24,110 @@
 
 /* ---- sources ---- */
 
+/* A kernel directory's files: the .cu, .cuh and .h files in it, whichever
+ * they are, so that one library can compile the kernels of another tree
+ * whose files differ (a header added or gone: decode A/Bs across commits). */
+#define MAX_SOURCES 64
+_Static_assert(PA_KERNEL_SOURCES <= MAX_SOURCES, "the embedded sources fit");
+
 typedef struct sources {
-    pa_kernel_source src[PA_KERNEL_SOURCES];
-    char *owned[PA_KERNEL_SOURCES]; /* read from a directory */
+    int n;
+    pa_kernel_source src[MAX_SOURCES];
+    char *owned[MAX_SOURCES];      /* texts read from a directory */
+    char *owned_name[MAX_SOURCES]; /* names of a directory's files outside the embedded set */
 } sources;
 
 static void sources_free(sources *s) {
-    for (int i = 0; i < PA_KERNEL_SOURCES; i++) free(s->owned[i]);
+    for (int i = 0; i < s->n; i++) {
+        free(s->owned[i]);
+        free(s->owned_name[i]);
+    }
 }
 
-/* The sources: embedded, or from->dir's when set. */
+static bool is_source_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return name[0] != '.' && dot && (strcmp(dot, ".cu") == 0 || strcmp(dot, ".cuh") == 0 || strcmp(dot, ".h") == 0);
+}
+
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Appends dir/name to s (its text read whole; name owned by s when owned). */
+static pa_status source_add(pa_context *ctx, const pa_compile_from *from, sources *s, const char *name, char *owned) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", from->dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        free(owned);
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read %s: %s", from->dir_name, path, strerror(errno));
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
+        free(text);
+        free(owned);
+        fclose(f);
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read %s", from->dir_name, path);
+    }
+    fclose(f);
+    text[n] = '\0';
+    s->src[s->n] = (pa_kernel_source){owned ? owned : name, text, (size_t)n};
+    s->owned[s->n] = text;
+    s->owned_name[s->n] = owned;
+    s->n++;
+    return PA_OK;
+}
+
+/* The sources: embedded, or from->dir's when set: the embedded set's names
+ * that the directory holds, in the embedded order (the same files give the
+ * same cache key as the embedded ones), then its other files by name. */
 static pa_status sources_get(pa_context *ctx, const pa_compile_from *from, sources *s) {
     memset(s, 0, sizeof *s);
-    pa_kernel_sources(s->src);
+    pa_kernel_source table[PA_KERNEL_SOURCES];
+    pa_kernel_sources(table);
     const char *dir = from->dir;
-    if (!dir || !*dir) return PA_OK;
-    for (int i = 0; i < PA_KERNEL_SOURCES; i++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, s->src[i].name);
-        FILE *f = fopen(path, "rb");
-        if (!f) {
-            sources_free(s);
-            return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read %s: %s", from->dir_name, path, strerror(errno));
-        }
-        fseek(f, 0, SEEK_END);
-        long n = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
-        if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
-            free(text);
-            fclose(f);
-            sources_free(s);
-            return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read %s", from->dir_name, path);
-        }
-        fclose(f);
-        text[n] = '\0';
-        s->owned[i] = text;
-        s->src[i].text = text;
-        s->src[i].len = (size_t)n;
+    if (!dir || !*dir) {
+        memcpy(s->src, table, sizeof table);
+        s->n = PA_KERNEL_SOURCES;
+        return PA_OK;
     }
-    return PA_OK;
+    DIR *d = opendir(dir);
+    if (!d) return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read the directory %s: %s", from->dir_name, dir, strerror(errno));
+    char *names[MAX_SOURCES];
+    int nn = 0;
+    bool over = false;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (!is_source_name(e->d_name)) continue;
+        if (nn == MAX_SOURCES) {
+            over = true;
+            break;
+        }
+        if (!(names[nn] = strdup(e->d_name))) break;
+        nn++;
+    }
+    closedir(d);
+    pa_status st = over ? pa_fail(ctx, PA_ERR_ARGUMENT, "%s: %s holds more than %d kernel sources (.cu, .cuh, .h)",
+                                  from->dir_name, dir, MAX_SOURCES)
+                        : PA_OK;
+    qsort(names, (size_t)nn, sizeof *names, cmp_names);
+    for (int i = 0; i < PA_KERNEL_SOURCES && !st; i++)
+        for (int j = 0; j < nn; j++)
+            if (names[j] && strcmp(names[j], table[i].name) == 0) {
+                free(names[j]);
+                names[j] = NULL;
+                st = source_add(ctx, from, s, table[i].name, NULL);
+                break;
+            }
+    for (int j = 0; j < nn; j++) {
+        if (names[j] && !st) {
+            st = source_add(ctx, from, s, names[j], names[j]);
+        } else {
+            free(names[j]);
+        }
+    }
+    if (st) sources_free(s);
+    return st;
 }
 
 /* ---- hashing: FNV-1a, twice with different bases, for a 128-bit key ---- */
@@ -92,7 +157,7 @@ static void variant_key(const sources *s, const pa_variant *v, const char *arch,
                         uint64_t key[2]) {
     key[0] = 0xcbf29ce484222325ULL;
     key[1] = 0x84222325cbf29ce4ULL;
-    for (int i = 0; i < PA_KERNEL_SOURCES; i++) {
+    for (int i = 0; i < s->n; i++) {
         hash_bytes(key, s->src[i].name, strlen(s->src[i].name));
         hash_bytes(key, s->src[i].text, s->src[i].len);
     }
@@ -262,9 +327,9 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
                                size_t *size) {
     const pa_kernel_source *main_src = NULL;
     const char *file = pa_variant_file(v->kind);
-    const char *hnames[PA_KERNEL_SOURCES], *htexts[PA_KERNEL_SOURCES];
+    const char *hnames[MAX_SOURCES], *htexts[MAX_SOURCES];
     int nh = 0;
-    for (int i = 0; i < PA_KERNEL_SOURCES; i++) {
+    for (int i = 0; i < s->n; i++) {
         if (strcmp(s->src[i].name, file) == 0) {
             main_src = &s->src[i];
         } else {
@@ -273,6 +338,8 @@ static pa_status nvrtc_compile(pa_context *ctx, const char *variant, const sourc
             nh++;
         }
     }
+    if (!main_src && from->dir && *from->dir)
+        return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: %s has no %s (kernel %s)", from->dir_name, from->dir, file, variant);
     if (!main_src) return pa_fail(ctx, PA_ERR_INTERNAL, "kernel %s: no source %s", variant, file);
     char arch_opt[64];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
