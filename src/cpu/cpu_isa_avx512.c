@@ -14,20 +14,19 @@ static inline __m512 pa_load_e5m2(const void *p) {
     const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
     return _mm512_cvtph_ps(_mm256_slli_epi16(x, 8));
 }
-static inline __m512 pa_load_e4m3(const void *p) {
-    const __m256i x = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-    __m256i h = _mm256_slli_epi16(x, 7); /* exponent and mantissa in place, the sign at bit 14 */
-    h = _mm256_add_epi16(h, _mm256_and_si256(h, _mm256_set1_epi16(0x4000))); /* the sign to bit 15 */
-    const __m256i em = _mm256_set1_epi16(0x3f80);
-    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em), _mm256_set1_epi16(0x7e00));
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-}
-/* (rows without a NaN code: the sign by sign extension, no NaN fix-up) */
-static inline __m512 pa_load_e4m3_finite(const void *p) {
+/* e4m3 as f16 bits of value / 256: exponent and mantissa shifted into
+ * place, the sign by sign extension (bit 14 holds its copy, cleared) */
+static inline __m256i pa_e4m3_h(const void *p) {
     const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbf80));
-    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    return _mm256_and_si256(_mm256_slli_epi16(x, 7), _mm256_set1_epi16((short)0xbf80));
 }
+static inline __m512 pa_load_e4m3(const void *p) {
+    const __m256i em = _mm256_set1_epi16(0x3f80), h = pa_e4m3_h(p);
+    const __m256i hn = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, em), em), _mm256_set1_epi16(0x7e00));
+    return _mm512_mul_ps(_mm512_cvtph_ps(hn), _mm512_set1_ps(256.0f));
+}
+/* (rows without a NaN code: no fix-up) */
+static inline __m512 pa_load_e4m3_finite(const void *p) { return _mm512_mul_ps(_mm512_cvtph_ps(pa_e4m3_h(p)), _mm512_set1_ps(256.0f)); }
 #define LOAD_E5M2(p) pa_load_e5m2(p)
 #define LOAD_E4M3(p) pa_load_e4m3(p)
 #define LOAD_E4M3_FINITE(p) pa_load_e4m3_finite(p)

@@ -33,14 +33,13 @@ _Static_assert(PA_KERNEL_SOURCES <= MAX_SOURCES, "the embedded sources fit");
 typedef struct sources {
     int n;
     pa_kernel_source src[MAX_SOURCES];
-    char *owned[MAX_SOURCES];      /* texts read from a directory */
-    char *owned_name[MAX_SOURCES]; /* names of a directory's files outside the embedded set */
+    char *owned[MAX_SOURCES][2]; /* a directory's: each file's name and text */
 } sources;
 
 static void sources_free(sources *s) {
     for (int i = 0; i < s->n; i++) {
-        free(s->owned[i]);
-        free(s->owned_name[i]);
+        free(s->owned[i][0]);
+        free(s->owned[i][1]);
     }
 }
 
@@ -51,13 +50,13 @@ static bool is_source_name(const char *name) {
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Appends dir/name to s (its text read whole; name owned by s when owned). */
-static pa_status source_add(pa_context *ctx, const pa_compile_from *from, sources *s, const char *name, char *owned) {
+/* Appends dir/name to s, its text read whole; s owns name (malloc'd) from here. */
+static pa_status source_add(pa_context *ctx, const pa_compile_from *from, sources *s, char *name) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", from->dir, name);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        free(owned);
+        free(name);
         return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read %s: %s", from->dir_name, path, strerror(errno));
     }
     fseek(f, 0, SEEK_END);
@@ -66,15 +65,15 @@ static pa_status source_add(pa_context *ctx, const pa_compile_from *from, source
     char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
     if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
         free(text);
-        free(owned);
+        free(name);
         fclose(f);
         return pa_fail(ctx, PA_ERR_ARGUMENT, "%s: cannot read %s", from->dir_name, path);
     }
     fclose(f);
     text[n] = '\0';
-    s->src[s->n] = (pa_kernel_source){owned ? owned : name, text, (size_t)n};
-    s->owned[s->n] = text;
-    s->owned_name[s->n] = owned;
+    s->src[s->n] = (pa_kernel_source){name, text, (size_t)n};
+    s->owned[s->n][0] = name;
+    s->owned[s->n][1] = text;
     s->n++;
     return PA_OK;
 }
@@ -97,34 +96,29 @@ static pa_status sources_get(pa_context *ctx, const pa_compile_from *from, sourc
     char *names[MAX_SOURCES];
     int nn = 0;
     bool over = false;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    for (struct dirent *e; (e = readdir(d)) != NULL && !over;) {
         if (!is_source_name(e->d_name)) continue;
-        if (nn == MAX_SOURCES) {
-            over = true;
-            break;
-        }
-        if (!(names[nn] = strdup(e->d_name))) break;
-        nn++;
+        over = nn == MAX_SOURCES;
+        if (!over && (names[nn] = strdup(e->d_name)) != NULL) nn++;
     }
     closedir(d);
+    /* the order: by name, then the embedded set's names moved to the front in their order */
+    qsort(names, (size_t)nn, sizeof *names, cmp_names);
+    int front = 0;
+    for (int i = 0; i < PA_KERNEL_SOURCES; i++)
+        for (int j = front; j < nn; j++)
+            if (strcmp(names[j], table[i].name) == 0) {
+                char *t = names[j];
+                memmove(names + front + 1, names + front, (size_t)(j - front) * sizeof *names);
+                names[front++] = t;
+                break;
+            }
     pa_status st = over ? pa_fail(ctx, PA_ERR_ARGUMENT, "%s: %s holds more than %d kernel sources (.cu, .cuh, .h)",
                                   from->dir_name, dir, MAX_SOURCES)
                         : PA_OK;
-    qsort(names, (size_t)nn, sizeof *names, cmp_names);
-    for (int i = 0; i < PA_KERNEL_SOURCES && !st; i++)
-        for (int j = 0; j < nn; j++)
-            if (names[j] && strcmp(names[j], table[i].name) == 0) {
-                free(names[j]);
-                names[j] = NULL;
-                st = source_add(ctx, from, s, table[i].name, NULL);
-                break;
-            }
     for (int j = 0; j < nn; j++) {
-        if (names[j] && !st) {
-            st = source_add(ctx, from, s, names[j], names[j]);
-        } else {
-            free(names[j]);
-        }
+        if (st) free(names[j]);
+        else st = source_add(ctx, from, s, names[j]);
     }
     if (st) sources_free(s);
     return st;
