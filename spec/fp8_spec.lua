@@ -154,6 +154,13 @@ describe("attention with fp8 caches on the CPU against the reference", function(
         end
       end)
 
+      it("query rows of any magnitude (2^-60 to 2^60, zeros, elements far below their row's largest)", function()
+        for i, dt in ipairs({ "bf16", "f16", "bf16" }) do
+          run(fmt .. "qrange", i, { cache_dtype = fmt, dtype = dt, mode = i == 3 and "read" or "decode",
+                                    q_range = "wide", group = 4, D = 128, lse = true })
+        end
+      end)
+
       it("a scale per kv head, for keys and values", function()
         for i = 1, 3 do
           run(fmt .. "head", i, { cache_dtype = fmt, dtype = "bf16", Hk = 2, k_scale = "head", v_scale = "head",

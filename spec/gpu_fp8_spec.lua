@@ -276,6 +276,17 @@ describe("#gpu fp8 caches on CUDA", function()
       end)
     end)
 
+    -- (a bf16 q runs the fp8 decode's MMAs in f16, each query row scaled by
+    -- a power of two: rows from 2^-60 to 2^60, rows of zeros, elements far
+    -- below their row's largest)
+    it("#gpu " .. fmt .. ": decode with query rows of any magnitude", function()
+      run_cases("gpu fp8 q range " .. fmt, H.scale(16), function(rng, i)
+        return { cache_dtype = fmt, mode = pick(rng, { "decode", "decode", "read" }), q_range = "wide",
+          dtype = i % 4 == 0 and "f16" or "bf16", D = pick(rng, { 64, 128 }), group = pick(rng, { 1, 4, 8 }),
+          page_size = pick(rng, { 0, 3, 16 }), B = rng:int(1, 6), max_keys = rng:int(1, 4) * 200 }
+      end)
+    end)
+
     it("#gpu " .. fmt .. ": values past the largest finite one, subnormals, a scale per kv head", function()
       run_cases("gpu fp8 ranges " .. fmt, H.scale(18), function(rng, i)
         return { cache_dtype = fmt, dtype = pick(rng, { "f16", "bf16" }), Hk = 2,

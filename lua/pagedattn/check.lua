@@ -31,7 +31,10 @@ local function chance(rng, p) return rng:uniform() < p end
 -- number or a list per sequence), sq (queries when only reading), and for an
 -- fp8 cache cache_dtype ("fp8_e4m3" | "fp8_e5m2"), fp8_range ("normal" |
 -- "saturate": values past the largest finite one | "subnormal"), k_scale,
--- v_scale (a number, or "head" for one per kv head), ...
+-- v_scale (a number, or "head" for one per kv head), q_range ("wide": each
+-- query row times its own power of two, 2^-60 .. 2^60 in bf16 and f32, 2^-6
+-- .. 2^6 in f16, some rows zero, some elements 2^-20 .. 2^-35 of their
+-- row's: only where asked), ...
 function check.random_case(rng, want)
   want = want or {}
   local c = {}
@@ -92,6 +95,7 @@ function check.random_case(rng, want)
   else
     c.rotary = want.rotary
   end
+  c.q_range = want.q_range -- (no draw: other cases draw what they drew before)
   w("lse", chance(rng, 0.7))
   w("num_splits", chance(rng, 0.2) and rng:int(1, 5) or 0)
   w("softmax_scale", chance(rng, 0.1) and 0.3 or nil)
@@ -143,6 +147,7 @@ function check.describe(c)
       ", v_scale=" .. sc(c.v_scale) .. ")"
   end
   if c.num_splits > 0 then parts[#parts + 1] = "splits=" .. c.num_splits end
+  if c.q_range then parts[#parts + 1] = "q_range=" .. c.q_range end
   if c.softmax_scale then parts[#parts + 1] = "scale=" .. c.softmax_scale end
   return table.concat(parts, " ")
 end
@@ -241,6 +246,16 @@ local function build(c, rng)
       o.v = ref.randn({ B, c.new[1], Hk, D }, rng, dt)
     end
     o.cache_seqlens = ref.tensor({ B }, c.before)
+  end
+  if c.q_range == "wide" then
+    local d, e = inputs.q.data, dt == "f16" and 6 or 60
+    for r = 0, #d / D - 1 do
+      local f = chance(rng, 0.1) and 0 or 2 ^ rng:int(-e, e)
+      for i = r * D + 1, r * D + D do
+        d[i] = d[i] * f * (chance(rng, 0.1) and 2 ^ -rng:int(20, dt == "f16" and 24 or 35) or 1)
+      end
+    end
+    inputs.q = ref.round_tensor(inputs.q, dt)
   end
   -- rotary tables: positions up to the longest sequence (+ a few)
   if c.rotary then
