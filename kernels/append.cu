@@ -703,6 +703,9 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
  * store; a thread's DQ_UNROLL loads go out before its first conversion. Only
  * in the fp8 modules of a 16-bit q (elsewhere: nothing). */
 #define DQ_UNROLL 4
+#ifndef PA_DEQUANT_MUL
+#define PA_DEQUANT_MUL 0
+#endif
 extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_params p) {
     if constexpr (FP8 && ESZ == 2) {
         const int b = (int)(blockIdx.x / (unsigned)p.width), j = (int)(blockIdx.x - (unsigned)b * (unsigned)p.width);
@@ -719,6 +722,13 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
         if (n == 0) return;
         const i64 src = (i64)((const int *)p.block_table)[(i64)b * p.bt_stride + j] * p.page_stride;
         const u8 *kin = (const u8 *)p.k_cache + src, *vin = (const u8 *)p.v_cache + src;
+        /* (PA_DEQUANT_MUL) a chunk's kv head, (cc / per) % kv_heads, by
+         * multiplications: x / d = umulhi(x, ceil(2^32 / d)) wherever x d <
+         * 2^32 (cc < 2^13 kv_heads, per <= 32: below 4096 kv heads); the two
+         * divisions by run-time values a chunk are most of the pass's integer
+         * work (ALU 83% busy, docs/fp8.md). Not yet measured on a GPU, so off
+         * unless asked for (tuning nvrtc_options "-DPA_DEQUANT_MUL=1") */
+        const u32 m_per = 0xffffffffu / (u32)per + 1u, m_hk = 0xffffffffu / (u32)p.kv_heads + 1u;
         for (int c0 = threadIdx.x; c0 < 2 * n; c0 += DQ_UNROLL * blockDim.x) {
             uint2 raw[DQ_UNROLL];
 #pragma unroll
@@ -731,7 +741,12 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
                 const int c = c0 + u * blockDim.x;
                 if (c >= 2 * n) break;
                 const bool is_v = c >= n;
-                const int cc = is_v ? c - n : c, hk = (cc % row) / per;
+                const int cc = is_v ? c - n : c;
+                const u32 hd = per == 1 ? (u32)cc : __umulhi((u32)cc, m_per); /* cc / per */
+                const int hk = !PA_DEQUANT_MUL ? (cc % row) / per
+                             : p.kv_heads == 1 ? 0
+                             : p.kv_heads < 4096 ? (int)(hd - __umulhi(hd, m_hk) * (u32)p.kv_heads)
+                                                 : (cc % row) / per; /* (past the bound above) */
                 const u64 sc = is_v ? p.v_scales : p.k_scales;
                 const float s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
                 float x[8];

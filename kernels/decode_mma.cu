@@ -68,6 +68,12 @@
  *   accumulators hold dims 16c + 4t .. 16c + 4t + 3 of each 16 (in o[2c][0],
  *   o[2c + 1][0], o[2c][1], o[2c + 1][1]), which the epilogue stores where
  *   they belong.
+ * A bf16 q over an fp8 cache may run its MMAs in f16 (QS, PA_FP8_F16_MMA): an fp8 pair widens
+ * to an f16 pair in one instruction (e4m3: cvt.rn.f16x2.e4m3x2, e5m2: a
+ * byte permute), to a bf16 pair in four (through f32), and the widening of
+ * K and V was what bound the fp8 decode (the ALU pipe, docs/fp8.md). Each
+ * row of q is scaled into f16 by a power of two once a unit (q_scales), P
+ * is stored in f16 with 15 of headroom above its max (hr).
  * The stage's rows are swizzled for ldmatrix (fp8_chunk_at). A key's scale
  * goes into q's (qk_scale), a value's into the output. (Before: each warp
  * converted its rows of a stage into a 16-bit copy in shared memory for the
@@ -100,17 +106,28 @@ PA_DEV int chunk_at(int r, int c) { return (SWZ ? (c ^ (r & 7)) : c) * 16; }
  * rows a 128-byte line) */
 PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) * 16; }
 
+/* The MMAs' input type: q's, but f16 for a bf16 q over an fp8 cache (QS;
+ * the header says why) where PA_FP8_F16_MMA is 1: not yet measured on a
+ * GPU, so off unless asked for (tuning nvrtc_options
+ * "-DPA_FP8_F16_MMA=1"; docs/fp8.md) */
+#ifndef PA_FP8_F16_MMA
+#define PA_FP8_F16_MMA 0
+#endif
+constexpr int MT = FP8 && PA_FP8_F16_MMA ? PA_DT_F16 : PA_DTYPE;
+constexpr bool QS = MT != PA_DTYPE;
+
 /* c += a b: m16n8k8 (the P V product: k = 8 keys) */
 PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
-#if PA_DTYPE == PA_DT_BF16
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-#else
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                 "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-#endif
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(b));
+    if constexpr (MT == PA_DT_BF16)
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+    else
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
 }
 extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(const pa_attn_params p) {
     extern __shared__ __align__(128) u8 smem[];
@@ -383,13 +400,52 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         const int kr = lane & 7, kc = (lane >> 3) & 1;
         u32 r[2];
         ldmatrix_x2(r, sk + (n * 8 + kr) * GSTRIDE + fp8_chunk_at(kr, 2 * kk + kc));
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(r[0], b[0], b[1]);
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(r[1], b[2], b[3]);
+        pa_fp8x4_to_b16<PA_KV, MT>(r[0], b[0], b[1]);
+        pa_fp8x4_to_b16<PA_KV, MT>(r[1], b[2], b[3]);
     };
     /* (fp8) a transposed fp8 matrix's register (keys 2t, 2t + 1 of dims 2g,
      * 2g + 1) as B fragments: e of the even dims' tile, od of the odd */
     auto fp8_vfrag = [&](u32 x, u32 &e, u32 &od) {
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(__byte_perm(x, 0u, 0x3120), e, od);
+        pa_fp8x4_to_b16<PA_KV, MT>(__byte_perm(x, 0u, 0x3120), e, od);
+    };
+    /* (QS) q's rows in f16: row g times qsc0 = 2^c0, row g + 8 times qsc1,
+     * c chosen so that the row's largest |element| lies in [2^15, 2^16)
+     * (below 65504): every element within 2^-29 of it is exact in f16, a
+     * smaller one rounds to f16's subnormal step, 2^-40 of the largest; the
+     * scores are scaled back by 2^-c, exactly. A row holding inf or NaN keeps
+     * c = 0, a row of zeros or subnormals takes c = 126. Kept as qinv0 =
+     * 2^-c0 and qinv1 (2^c from it by one subtraction: the fp8 kernel is
+     * at the register limit) */
+    float qinv0 = 1.f, qinv1 = 1.f;
+    auto inv2 = [](float x) { return __uint_as_float((254u << 23) - __float_as_uint(x)); };
+    auto q_to_f16 = [&](u32 (&a)[4]) {
+        const float f0 = inv2(qinv0), f1 = inv2(qinv1);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float f = i & 1 ? f1 : f0;
+            a[i] = pack2_t<PA_DT_F16>(__uint_as_float(a[i] << 16) * f, __uint_as_float(a[i] & 0xffff0000u) * f);
+        }
+    };
+    auto q_scales = [&](const u32 (&qf)[D / 16][4]) {
+        u32 e0 = 0, e1 = 0; /* the largest |element| bits of rows g, g + 8 (bf16 in each half) */
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            e0 = __vmaxu2(e0, __vmaxu2(qf[ks][0] & 0x7fff7fffu, qf[ks][2] & 0x7fff7fffu));
+            e1 = __vmaxu2(e1, __vmaxu2(qf[ks][1] & 0x7fff7fffu, qf[ks][3] & 0x7fff7fffu));
+        }
+        e0 = max(e0 & 0xffffu, e0 >> 16);
+        e1 = max(e1 & 0xffffu, e1 >> 16);
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) { /* the quad holds the row */
+            e0 = max(e0, __shfl_xor_sync(0xffffffffu, e0, x));
+            e1 = max(e1, __shfl_xor_sync(0xffffffffu, e1, x));
+        }
+        auto scale_of = [](u32 e) {
+            const int E = (int)(e >> 7), c = E >= 255 ? 0 : min(142 - E, 126);
+            return __uint_as_float((u32)(127 - c) << 23);
+        };
+        qinv0 = scale_of(e0);
+        qinv1 = scale_of(e1);
     };
     /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
      * rows repeating them: masked, but finite) */
@@ -404,6 +460,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
             if constexpr (FP8) permute_q(qa[ks]);
         }
+        if constexpr (QS) {
+            q_scales(qa);
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) q_to_f16(qa[ks]);
+        }
     };
     for (bool first = true;; first = false) {
         /* 3. a unit: slot j, its Q in s_q (a rotated f32 q is loaded here:
@@ -416,7 +477,9 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
         /* (HW: this warp's head tile's) */
         const int head_tile = s_ht[j][HW ? warp : 0], hk = s_hk[j][HW ? warp : 0], g0 = g0_of(j, HW ? warp : 0);
         const int nst = stages_of(j), k0 = w.k0;
-        constexpr float hr = pa_headroom<PA_DTYPE>();
+        /* (QS: P in f16 up to 2^15, so that the max may rise by 15 before
+         * a rescale, and a p of 2^-39 of the max is not lost) */
+        constexpr float hr = QS ? -15.f : pa_headroom<PA_DTYPE>();
         /* this lane's rows (g, g + 8), kept for the whole unit */
         const int lo0 = s_lo[j][g], hi0 = s_hi[j][g], lo1 = s_lo[j][g + 8], hi1 = s_hi[j][g + 8];
         /* (persistent blocks in bf16 or f16 load the next unit's while the
@@ -552,8 +615,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int kk = 0; kk < D / 32; kk++)
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
-                        mma16816(s[n], qa[2 * kk], kf[kk][n][0], kf[kk][n][1]);
-                        mma16816(s2[n], qa[2 * kk + 1], kf[kk][n][2], kf[kk][n][3]);
+                        mma16816_t<MT>(s[n], qa[2 * kk], kf[kk][n][0], kf[kk][n][1]);
+                        mma16816_t<MT>(s2[n], qa[2 * kk + 1], kf[kk][n][2], kf[kk][n][3]);
                     }
             } else {
 #pragma unroll
@@ -563,8 +626,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                         u32 b[4];
                         if constexpr (FP8) fp8_kfrag(sk, kk, n, b);
                         else ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
-                        mma16816(s[n], qa[2 * kk], b[0], b[1]);
-                        mma16816(s2[n], qa[2 * kk + 1], b[2], b[3]);
+                        mma16816_t<MT>(s[n], qa[2 * kk], b[0], b[1]);
+                        mma16816_t<MT>(s2[n], qa[2 * kk + 1], b[2], b[3]);
                     }
                 }
             }
@@ -588,14 +651,15 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     for (int h = 0; h < 2; h++) {
                         ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
                         if constexpr (FP8) permute_q(a[h]);
+                        if constexpr (QS) q_to_f16(a[h]);
                     }
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         u32 b[4];
                         if constexpr (FP8) fp8_kfrag(sk, kk, n, b);
                         else ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
-                        mma16816(s[n], a[0], b[0], b[1]);
-                        mma16816(s2[n], a[1], b[2], b[3]);
+                        mma16816_t<MT>(s[n], a[0], b[0], b[1]);
+                        mma16816_t<MT>(s2[n], a[1], b[2], b[3]);
                     }
                 }
             }
@@ -609,7 +673,10 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int i = 0; i < (LOWER ? 2 : 4); i++) {
                     const int tok = kb + n * 8 + 2 * t4 + (i & 1);
                     const bool upper = i >= 2;
-                    float x = (s[n][i] + s2[n][i]) * qk_scale;
+                    /* (QS: (s 2^-c) qk_scale, two products, so that a small
+                     * qk_scale and a large c cannot underflow together) */
+                    float x = QS ? (s[n][i] + s2[n][i]) * (upper ? qinv1 : qinv0) * qk_scale
+                                 : (s[n][i] + s2[n][i]) * qk_scale;
                     if (natural) {
                         if (p.softcap > 0.f) x = p.softcap * tanhf(x / p.softcap);
                         x *= PA_LOG2E;
@@ -652,8 +719,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 const float p3 = LOWER || mx1 == -PA_INF ? 0.f : pa_exp2(s[n][3] - mx1);
                 l0 += p0 + p1;
                 l1 += p2 + p3;
-                pa[2 * n] = pack2(p0, p1);
-                pa[2 * n + 1] = pack2(p2, p3);
+                pa[2 * n] = pack2_t<MT>(p0, p1);
+                pa[2 * n + 1] = pack2_t<MT>(p2, p3);
             }
             if constexpr (NT == 1) {
                 /* O += P V (k = 8 keys): four 8-dim tiles per ldmatrix.trans */
@@ -700,8 +767,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                             u32 e0, od0, e1, od1;
                             fp8_vfrag(b[2 * h], e0, od0);
                             fp8_vfrag(b[2 * h + 1], e1, od1);
-                            mma16816(o[4 * dq + 2 * h], a, e0, e1);
-                            mma16816(o[4 * dq + 2 * h + 1], a, od0, od1);
+                            mma16816_t<MT>(o[4 * dq + 2 * h], a, e0, e1);
+                            mma16816_t<MT>(o[4 * dq + 2 * h + 1], a, od0, od1);
                         }
                         continue;
                     }
@@ -713,8 +780,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     } else {
                         ldmatrix_x4_trans(b, sv + vr * RSTRIDE + chunk_at(vr, dq * 2 + (kc >> 1)));
                     }
-                    mma16816(o[2 * dq], a, b[0], b[1]);
-                    mma16816(o[2 * dq + 1], a, b[2], b[3]);
+                    mma16816_t<MT>(o[2 * dq], a, b[0], b[1]);
+                    mma16816_t<MT>(o[2 * dq + 1], a, b[2], b[3]);
                 }
             }
             if (LATE) copies_ahead();
