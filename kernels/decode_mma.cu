@@ -61,7 +61,7 @@
  *   Q K^T: a lane's K fragment holds bytes 4t .. 4t + 3 of a row (t = lane %
  *   4), dims 4t, 4t + 1 where the MMA wants 2t, 2t + 1 and 4t + 2, 4t + 3
  *   where it wants 2t + 8, 2t + 9; q's fragments are permuted the same way
- *   once a unit (permute_q: the dot product is the same sum);
+ *   once a unit (fp8_permute_q: the dot product is the same sum);
  *   P V: a transposed fp8 matrix gives a lane keys 2t, 2t + 1 of dims 2g,
  *   2g + 1 (g = lane / 4), a byte permute makes them the B fragments of two
  *   8-dim tiles, one of the even dims of 16, one of the odd; so a lane's
@@ -72,7 +72,7 @@
  * to an f16 pair in one instruction (e4m3: cvt.rn.f16x2.e4m3x2, e5m2: a
  * byte permute), to a bf16 pair in four (through f32), and the widening of
  * K and V was what bound the fp8 decode (the ALU pipe, docs/fp8.md). Each
- * row of q is scaled into f16 by a power of two once a unit (q_scales), P
+ * row of q is scaled into f16 by a power of two once a unit (qs_scales), P
  * is stored in f16 with 15 of headroom above its max (hr).
  * The stage's rows are swizzled for ldmatrix (fp8_chunk_at). A key's scale
  * goes into q's (qk_scale), a value's into the output. (Before: each warp
@@ -97,38 +97,12 @@
 #endif
 
 #include "decode_mma_shape.cuh"
+#include "decode_mma_fp8.cuh"
 
 extern "C" __constant__ int pa_decode_mma_info[4] = {NTHREADS, SMEM, T, PA_MAXP};
 
 /* The byte offset of 16-byte chunk c in row r of a shared memory tile */
 PA_DEV int chunk_at(int r, int c) { return (SWZ ? (c ^ (r & 7)) : c) * 16; }
-/* ... and in row r of an fp8 stage: 8 chunks a row (D 128) or 4 (D 64, two
- * rows a 128-byte line) */
-PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) * 16; }
-
-/* The MMAs' input type: q's, but f16 for a bf16 q over an fp8 cache (QS;
- * the header says why) where PA_FP8_F16_MMA is 1: not yet measured on a
- * GPU, so off unless asked for (tuning nvrtc_options
- * "-DPA_FP8_F16_MMA=1"; docs/fp8.md) */
-#ifndef PA_FP8_F16_MMA
-#define PA_FP8_F16_MMA 0
-#endif
-constexpr int MT = FP8 && PA_FP8_F16_MMA ? PA_DT_F16 : PA_DTYPE;
-constexpr bool QS = MT != PA_DTYPE;
-
-/* c += a b: m16n8k8 (the P V product: k = 8 keys) */
-PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
-    if constexpr (MT == PA_DT_BF16)
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(b));
-    else
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(b));
-}
 extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(const pa_attn_params p) {
     extern __shared__ __align__(128) u8 smem[];
     __shared__ int s_flag, s_next;
@@ -378,75 +352,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
     }
 
     const int g = lane >> 2, t4 = lane & 3;
-    /* (fp8) q's fragment a (m16n8k16's A: a[0], a[2] row g dims 2t.., 2t + 8..;
-     * a[1], a[3] row g + 8) with its dims permuted as an fp8 K fragment's
-     * are (the header): a[0] takes dims 4t, 4t + 1 (pair 2t), a[2] dims 4t + 2,
-     * 4t + 3 (pair 2t + 1); pair P sits in lane P % 4's a[0] (P < 4) or a[2] */
-    auto permute_q = [&](u32 (&a)[4]) {
-        const int base = lane & ~3, s0 = base + ((2 * t4) & 3), s1 = base + ((2 * t4 + 1) & 3);
-        const bool hi = t4 >= 2;
-#pragma unroll
-        for (int r = 0; r < 2; r++) { /* rows g (a[0], a[2]) and g + 8 (a[1], a[3]) */
-            const u32 x0 = __shfl_sync(0xffffffffu, a[r], s0), y0 = __shfl_sync(0xffffffffu, a[r + 2], s0);
-            const u32 x1 = __shfl_sync(0xffffffffu, a[r], s1), y1 = __shfl_sync(0xffffffffu, a[r + 2], s1);
-            a[r] = hi ? y0 : x0;
-            a[r + 2] = hi ? y1 : x1;
-        }
-    };
-    /* (fp8) K fragments b[0..3] of keys n * 8 .. + 7 (ldmatrix row kr =
-     * lane % 8), dims 32 kk .. 32 kk + 31 permuted (the header): two fp8
-     * chunks (lanes 0-7 and 8-15 give their rows), converted */
-    auto fp8_kfrag = [&](const u8 *sk, int kk, int n, u32 (&b)[4]) {
-        const int kr = lane & 7, kc = (lane >> 3) & 1;
-        u32 r[2];
-        ldmatrix_x2(r, sk + (n * 8 + kr) * GSTRIDE + fp8_chunk_at(kr, 2 * kk + kc));
-        pa_fp8x4_to_b16<PA_KV, MT>(r[0], b[0], b[1]);
-        pa_fp8x4_to_b16<PA_KV, MT>(r[1], b[2], b[3]);
-    };
-    /* (fp8) a transposed fp8 matrix's register (keys 2t, 2t + 1 of dims 2g,
-     * 2g + 1) as B fragments: e of the even dims' tile, od of the odd */
-    auto fp8_vfrag = [&](u32 x, u32 &e, u32 &od) {
-        pa_fp8x4_to_b16<PA_KV, MT>(__byte_perm(x, 0u, 0x3120), e, od);
-    };
-    /* (QS) q's rows in f16: row g times qsc0 = 2^c0, row g + 8 times qsc1,
-     * c chosen so that the row's largest |element| lies in [2^15, 2^16)
-     * (below 65504): every element within 2^-29 of it is exact in f16, a
-     * smaller one rounds to f16's subnormal step, 2^-40 of the largest; the
-     * scores are scaled back by 2^-c, exactly. A row holding inf or NaN keeps
-     * c = 0, a row of zeros or subnormals takes c = 126. Kept as qinv0 =
-     * 2^-c0 and qinv1 (2^c from it by one subtraction: the fp8 kernel is
-     * at the register limit) */
-    float qinv0 = 1.f, qinv1 = 1.f;
-    auto inv2 = [](float x) { return __uint_as_float((254u << 23) - __float_as_uint(x)); };
-    auto q_to_f16 = [&](u32 (&a)[4]) {
-        const float f0 = inv2(qinv0), f1 = inv2(qinv1);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float f = i & 1 ? f1 : f0;
-            a[i] = pack2_t<PA_DT_F16>(__uint_as_float(a[i] << 16) * f, __uint_as_float(a[i] & 0xffff0000u) * f);
-        }
-    };
-    auto q_scales = [&](const u32 (&qf)[D / 16][4]) {
-        u32 e0 = 0, e1 = 0; /* the largest |element| bits of rows g, g + 8 (bf16 in each half) */
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            e0 = __vmaxu2(e0, __vmaxu2(qf[ks][0] & 0x7fff7fffu, qf[ks][2] & 0x7fff7fffu));
-            e1 = __vmaxu2(e1, __vmaxu2(qf[ks][1] & 0x7fff7fffu, qf[ks][3] & 0x7fff7fffu));
-        }
-        e0 = max(e0 & 0xffffu, e0 >> 16);
-        e1 = max(e1 & 0xffffu, e1 >> 16);
-#pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) { /* the quad holds the row */
-            e0 = max(e0, __shfl_xor_sync(0xffffffffu, e0, x));
-            e1 = max(e1, __shfl_xor_sync(0xffffffffu, e1, x));
-        }
-        auto scale_of = [](u32 e) {
-            const int E = (int)(e >> 7), c = E >= 255 ? 0 : min(142 - E, 126);
-            return __uint_as_float((u32)(127 - c) << 23);
-        };
-        qinv0 = scale_of(e0);
-        qinv1 = scale_of(e1);
-    };
+    float qinv0 = 1.f, qinv1 = 1.f; /* (QS) 2^-c of rows g, g + 8 (decode_mma_fp8.cuh) */
     /* the s_q row of MMA row lr (HW: this warp's ROWS rows, the padding
      * rows repeating them: masked, but finite) */
     auto q_row = [&](int lr) { return HW ? warp * ROWS + lr % ROWS : lr; };
@@ -458,12 +364,12 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
             const int mi = lane >> 3;
             const int r = q_row((lane & 7) + 8 * (mi & 1));
             ldmatrix_x4(qa[ks], s_q + r * RSTRIDE + chunk_at(r, ks * 2 + (mi >> 1)));
-            if constexpr (FP8) permute_q(qa[ks]);
+            if constexpr (FP8) fp8_permute_q(qa[ks], lane);
         }
         if constexpr (QS) {
-            q_scales(qa);
+            qs_scales(qa, qinv0, qinv1);
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) q_to_f16(qa[ks]);
+            for (int ks = 0; ks < D / 16; ks++) qs_to_f16(qa[ks], qinv0, qinv1);
         }
     };
     for (bool first = true;; first = false) {
@@ -608,7 +514,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                 for (int kk = 0; kk < D / 32; kk++)
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
-                        if constexpr (FP8) fp8_kfrag(sk, kk, n, kf[kk][n]);
+                        if constexpr (FP8) fp8_kfrag(sk, kk, n, kf[kk][n], lane);
                         else ldmatrix_x4(kf[kk][n], sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
                     }
 #pragma unroll
@@ -624,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         u32 b[4];
-                        if constexpr (FP8) fp8_kfrag(sk, kk, n, b);
+                        if constexpr (FP8) fp8_kfrag(sk, kk, n, b, lane);
                         else ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
                         mma16816_t<MT>(s[n], qa[2 * kk], b[0], b[1]);
                         mma16816_t<MT>(s2[n], qa[2 * kk + 1], b[2], b[3]);
@@ -650,13 +556,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         ldmatrix_x4(a[h], s_q + r * RSTRIDE + chunk_at(r, (2 * kk + h) * 2 + (mi >> 1)));
-                        if constexpr (FP8) permute_q(a[h]);
-                        if constexpr (QS) q_to_f16(a[h]);
+                        if constexpr (FP8) fp8_permute_q(a[h], lane);
+                        if constexpr (QS) qs_to_f16(a[h], qinv0, qinv1);
                     }
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         u32 b[4];
-                        if constexpr (FP8) fp8_kfrag(sk, kk, n, b);
+                        if constexpr (FP8) fp8_kfrag(sk, kk, n, b, lane);
                         else ldmatrix_x4(b, sk + (n * 8 + kr) * RSTRIDE + chunk_at(kr, kk * 4 + kc));
                         mma16816_t<MT>(s[n], a[0], b[0], b[1]);
                         mma16816_t<MT>(s2[n], a[1], b[2], b[3]);

@@ -22,6 +22,7 @@
 #include "../../kernels/append.cu"
 #include "../../kernels/decode.cu"
 #include "../../kernels/decode_mma_shape.cuh"
+#include "../../kernels/decode_mma_fp8.cuh"
 #include "../../kernels/decode_mma.cu"
 #include "../../kernels/fallback.cu"
 #include "../../kernels/prefill_common.cuh"
@@ -57,6 +58,7 @@ EMBED(decode, "decode.cu")
 EMBED(decode_mma, "decode_mma.cu")
 EMBED(fallback, "fallback.cu")
 EMBED(decode_mma_shape, "decode_mma_shape.cuh")
+EMBED(decode_mma_fp8, "decode_mma_fp8.cuh")
 EMBED(prefill_common, "prefill_common.cuh")
 EMBED(wgmma, "wgmma.cuh")
 EMBED(wgmma_ops, "wgmma_ops.cuh")
@@ -77,6 +79,7 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"decode.cu", pa_ksrc_decode, (size_t)(pa_ksrc_decode_end - pa_ksrc_decode)},
         {"decode_mma.cu", pa_ksrc_decode_mma, (size_t)(pa_ksrc_decode_mma_end - pa_ksrc_decode_mma)},
         {"decode_mma_shape.cuh", pa_ksrc_decode_mma_shape, (size_t)(pa_ksrc_decode_mma_shape_end - pa_ksrc_decode_mma_shape)},
+        {"decode_mma_fp8.cuh", pa_ksrc_decode_mma_fp8, (size_t)(pa_ksrc_decode_mma_fp8_end - pa_ksrc_decode_mma_fp8)},
         {"fallback.cu", pa_ksrc_fallback, (size_t)(pa_ksrc_fallback_end - pa_ksrc_fallback)},
         {"prefill_common.cuh", pa_ksrc_prefill_common, (size_t)(pa_ksrc_prefill_common_end - pa_ksrc_prefill_common)},
         {"wgmma.cuh", pa_ksrc_wgmma, (size_t)(pa_ksrc_wgmma_end - pa_ksrc_wgmma)},
