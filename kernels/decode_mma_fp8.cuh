@@ -14,9 +14,9 @@
 PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) * 16; }
 
 /* The MMAs' input type: q's, but f16 for a bf16 q over an fp8 cache (QS;
- * decode_mma.cu's header says why) where PA_FP8_F16_MMA is 1: not yet measured on a
- * GPU, so off unless asked for (tuning nvrtc_options
- * "-DPA_FP8_F16_MMA=1"; docs/fp8.md) */
+ * decode_mma.cu's header says why) where PA_FP8_F16_MMA is 1: one H100 run
+ * took 2-4% off the fp8 decode, so off until an H200 run decides (tuning
+ * nvrtc_options "-DPA_FP8_F16_MMA=1"; docs/fp8.md) */
 #ifndef PA_FP8_F16_MMA
 #define PA_FP8_F16_MMA 0
 #endif
