@@ -743,10 +743,8 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
                 const bool is_v = c >= n;
                 const int cc = is_v ? c - n : c;
                 const u32 hd = per == 1 ? (u32)cc : __umulhi((u32)cc, m_per); /* cc / per */
-                const int hk = !PA_DEQUANT_MUL ? (cc % row) / per
-                             : p.kv_heads == 1 ? 0
-                             : p.kv_heads < 4096 ? (int)(hd - __umulhi(hd, m_hk) * (u32)p.kv_heads)
-                                                 : (cc % row) / per; /* (past the bound above) */
+                const int hk = !(PA_DEQUANT_MUL && p.kv_heads < 4096) ? (cc % row) / per /* (past the bound: divisions) */
+                             : p.kv_heads == 1 ? 0 : (int)(hd - __umulhi(hd, m_hk) * (u32)p.kv_heads);
                 const u64 sc = is_v ? p.v_scales : p.k_scales;
                 const float s = sc ? ((const float *)sc)[hk] : (is_v ? p.v_scale : p.k_scale);
                 float x[8];

@@ -71,7 +71,8 @@
  * A bf16 q over an fp8 cache may run its MMAs in f16 (QS, PA_FP8_F16_MMA): an fp8 pair widens
  * to an f16 pair in one instruction (e4m3: cvt.rn.f16x2.e4m3x2, e5m2: a
  * byte permute), to a bf16 pair in four (through f32), and the widening of
- * K and V was what bound the fp8 decode (the ALU pipe, docs/fp8.md). Each
+ * K and V kept the ALU pipe the busiest (one H100 run: 2-4% faster; off
+ * until an H200 run decides, docs/fp8.md). Each
  * row of q is scaled into f16 by a power of two once a unit (qs_scales), P
  * is stored in f16 with 15 of headroom above its max (hr).
  * The stage's rows are swizzled for ldmatrix (fp8_chunk_at). A key's scale
@@ -641,13 +642,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                         for (int i = 0; i < 4; i++) { /* chunk c = 4 dq + i: tiles 2c (even dims), 2c + 1 */
                             u32 e, od;
                             fp8_vfrag(b[i], e, od);
-                            mma1688(o[8 * dq + 2 * i], a, e);
-                            mma1688(o[8 * dq + 2 * i + 1], a, od);
+                            mma1688_t<MT>(o[8 * dq + 2 * i], a, e);
+                            mma1688_t<MT>(o[8 * dq + 2 * i + 1], a, od);
                         }
                     } else {
                         ldmatrix_x4_trans(b, sv + kr * RSTRIDE + chunk_at(kr, dq * 4 + kc));
 #pragma unroll
-                        for (int i = 0; i < 4; i++) mma1688(o[4 * dq + i], a, b[i]);
+                        for (int i = 0; i < 4; i++) mma1688_t<MT>(o[4 * dq + i], a, b[i]);
                     }
                 }
             } else {

@@ -23,20 +23,6 @@ PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((
 constexpr int MT = FP8 && PA_FP8_F16_MMA ? PA_DT_F16 : PA_DTYPE;
 constexpr bool QS = MT != PA_DTYPE;
 
-/* c += a b: m16n8k8 (the P V product: k = 8 keys) */
-PA_DEV void mma1688(float (&c)[4], const u32 (&a)[2], u32 b) {
-    if constexpr (MT == PA_DT_BF16)
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(b));
-    else
-        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(b));
-}
-
 /* (fp8) q's fragment a (m16n8k16's A: a[0], a[2] row g dims 2t.., 2t + 8..;
  * a[1], a[3] row g + 8) with its dims permuted as an fp8 K fragment's are
  * (decode_mma.cu's header): a[0] takes dims 4t, 4t + 1 (pair 2t), a[2] dims

@@ -47,6 +47,19 @@ template <int DT> PA_DEV void mma16816_t(float (&c)[4], const u32 (&a)[4], u32 b
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 PA_DEV void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) { mma16816_t<PA_DTYPE>(c, a, b0, b1); }
+/* c += a b: m16n8k8 (A 16x8, B 8x8: a P V product of 8 keys) */
+template <int DT> PA_DEV void mma1688_t(float (&c)[4], const u32 (&a)[2], u32 b) {
+    if constexpr (DT == PA_DT_BF16)
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+    else
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+}
 /* two floats -> the 16-bit type DT, packed: lo in the low half */
 template <int DT> PA_DEV u32 pack2_t(float lo, float hi) {
     u32 r;
