@@ -70,6 +70,19 @@ describe("#gpu CUDA against the float64 reference", function()
     end)
   end)
 
+  -- query rows from 2^-60 to 2^60 (bf16; f16's range is 2^-6 .. 2^6):
+  -- scores past 2^32, where P at a row's max once overflowed to inf in the
+  -- prefill kernels (docs/prefill.md, "Scores past 2^20"). Not f32: there
+  -- the rule's error of a naive f32 lse (~1e19) is an ulp or less, which the
+  -- rule's 1e-5 cannot widen, so two correct roundings of it may differ by more.
+  it("#gpu prefill, chunked prefill and reads with query rows of any magnitude", function()
+    run_cases("gpu prefill q range", H.scale(24), function(rng, i)
+      local mode = ({ "prefill", "chunked", "read" })[i % 3 + 1]
+      return { mode = mode, q_range = "wide", dtype = i % 3 == 0 and "f16" or "bf16",
+        B = rng:int(1, 3), sq = mode == "read" and rng:int(9, 40) or nil, lse = true }
+    end)
+  end)
+
   -- persistent decode blocks (the default at head dims 64 and 128), five of
   -- them taking every unit: guided pieces down to 64 keys (units shorter than
   -- 8 stages load the next one waiting), and whole key ranges (longer units

@@ -288,9 +288,15 @@ describe("#gpu fp8 caches on CUDA", function()
           form = "kvcache" }
       end)
     end)
+    -- (rows to 2^60 make scores past 2^32, where the prefill kernels' P at a
+    -- row's max once overflowed: docs/prefill.md, "Scores past 2^20")
     it("#gpu " .. fmt .. ": prefill with query rows of any magnitude", function()
-      pending("a known defect, docs/prefill.md: the prefill kernels' p = 2^(s c2 - m c2) overflows where a row's "
-        .. "scores pass ~2^32 (found 2026-12-07, H100: seed 939820001, a read of 11 queries, rows up to 2^60)")
+      run_cases("gpu fp8 q range prefill " .. fmt, H.scale(12), function(rng, i)
+        local mode = pick(rng, { "prefill", "chunked", "read" })
+        return { cache_dtype = fmt, mode = mode, q_range = "wide", dtype = i % 4 == 0 and "f16" or "bf16",
+          D = pick(rng, { 64, 128 }), group = pick(rng, { 1, 4 }), page_size = pick(rng, { 0, 3, 16 }),
+          B = rng:int(1, 3), max_keys = rng:int(1, 3) * 200, sq = mode == "read" and rng:int(9, 40) or nil, lse = true }
+      end)
     end)
 
     it("#gpu " .. fmt .. ": values past the largest finite one, subnormals, a scale per kv head", function()
