@@ -214,13 +214,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_prefill(const
             for (int n = 0; n < BN / 8; n++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) s[n][j] *= kscale;
-        /* scores -> exponents, masks, maxima; P = 2^(x c2p - e) as the A fragments of P V */
-        float e0, e1, c2p;
-        pa_softmax_tile<BN / 8, D / 8, PA_NATURAL>(p, rs, s, o, w.k0 + t * BN, e0, e1, c2p);
+        /* scores -> exponents, masks, maxima; P = 2^(x c2 - e) as the A fragments of P V */
+        float e0, e1;
+        pa_softmax_tile<BN / 8, D / 8, PA_NATURAL>(p, rs, s, o, w.k0 + t * BN, e0, e1);
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
             u32 pa[4];
-            pa_p_fragment<BN / 8>(rs, s, ks, c2p, e0, e1, pa);
+            pa_p_fragment<BN / 8>(rs, s, ks, e0, e1, pa);
             /* O += P V: keys ks * 16 .. + 15, 16 dims per ldmatrix.trans */
 #pragma unroll
             for (int dn = 0; dn < D / 16; dn++) {

@@ -81,7 +81,6 @@ struct pa_lane_rows {
     float c2;         /* scale * log2(e), or 1 when natural */
     float m0, m1;     /* running maxima (score units) */
     float l0, l1;     /* this lane's part of the row sums */
-    bool big;         /* a row of the warp has |m c2| >= PA_BIG_EXPONENT (see pa_softmax_scores) */
 };
 
 template <int GT, int NATURAL>
@@ -107,29 +106,19 @@ PA_DEV pa_lane_rows pa_lane_rows_init(const pa_attn_params &p, const pa_work &w,
     r.c2 = NATURAL ? 1.f : p.scale * PA_LOG2E;
     r.m0 = r.m1 = -PA_INF;
     r.l0 = r.l1 = 0.f;
-    r.big = false;
     return r;
 }
 
 /* One key tile [kt, kt + 8 NG) of scores s (raw Q K^T): transforms and masks
- * them, updates the maxima and rescales the row sums; returns in e0 / e1 and
- * c2p what P's exponent is, x c2p - e, in alpha0 / alpha1 the factor for O,
- * and whether any row of the warp needs it (else both are exactly 1). */
+ * them, updates the maxima and rescales the row sums; returns in e0 / e1 what
+ * to subtract from x * c2 for the exponent of P, in alpha0 / alpha1 the factor
+ * for O, and whether any row of the warp needs it (else both are exactly 1). */
 /* MASK: 2 = test per warp whether the tile needs the row ranges (the
  * compiler predicates the range checks into every tile then), 1 = apply
  * them, 0 = the caller knows every row takes the whole tile. */
-/* e = m c2 rounded down, so the exponent at a row's max, m c2 - e fused in
- * one FMA, is the product's rounding error in [0, ulp(m c2)): below
- * PA_BIG_EXPONENT that is under 2^-3, and P stays in [0, 2^0.125]. Past it
- * (scores no model makes, but whose output is representable) the error
- * would reach 128 and P inf, so the warp's scores become their exponents
- * clamped at 0 (the max's P exactly 1) and P takes c2p = 1, e = 0: a branch
- * per tile only where the maxima changed, one clamp a score only there. */
-#define PA_BIG_EXPONENT 0x1p20f
-PA_DEV float pa_min0(float x) { return x > 0.f ? 0.f : x; } /* (a NaN score stays NaN, as fminf would not) */
 template <int NG, int NATURAL, int MASK = 2>
 PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], int kt, float &e0,
-                              float &e1, float &c2p, float &alpha0, float &alpha1) {
+                              float &e1, float &alpha0, float &alpha1) {
     const int t4 = (threadIdx.x & 31) & 3;
     const bool masked = MASK == 1 || (MASK == 2 && (kt < r.wlo || kt + 8 * NG > r.whi)); /* warp-uniform */
     float mx0 = r.m0, mx1 = r.m1;
@@ -158,33 +147,19 @@ PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&
     mx0 = pa_quad_max(mx0);
     mx1 = pa_quad_max(mx1);
     /* -inf maxima (nothing seen yet) subtract 0: every exponent is -inf -> 0 */
-    e0 = mx0 == -PA_INF ? 0.f : __fmul_rd(mx0, r.c2);
-    e1 = mx1 == -PA_INF ? 0.f : __fmul_rd(mx1, r.c2);
+    e0 = mx0 == -PA_INF ? 0.f : mx0 * r.c2;
+    e1 = mx1 == -PA_INF ? 0.f : mx1 * r.c2;
     /* alpha: exactly 1 while the maxima stay, 0 from -inf */
     alpha0 = alpha1 = 1.f;
     const bool rescale = __any_sync(0xffffffffu, mx0 != r.m0 || mx1 != r.m1);
     if (rescale) {
-        alpha0 = pa_exp2(fminf(fmaf(r.m0, r.c2, -e0), 0.f));
-        alpha1 = pa_exp2(fminf(fmaf(r.m1, r.c2, -e1), 0.f));
+        alpha0 = pa_exp2(r.m0 * r.c2 - e0);
+        alpha1 = pa_exp2(r.m1 * r.c2 - e1);
         r.l0 *= alpha0;
         r.l1 *= alpha1;
-        if (!NATURAL) /* (natural scores carry c2 = 1: m c2 - e is exactly 0) */
-            r.big = __any_sync(0xffffffffu, fabsf(e0) >= PA_BIG_EXPONENT || fabsf(e1) >= PA_BIG_EXPONENT);
     }
     r.m0 = mx0;
     r.m1 = mx1;
-    c2p = r.c2;
-    if (!NATURAL && r.big) {
-#pragma unroll
-        for (int n = 0; n < NG; n++) {
-            s[n][0] = pa_min0(fmaf(s[n][0], r.c2, -e0));
-            s[n][1] = pa_min0(fmaf(s[n][1], r.c2, -e0));
-            s[n][2] = pa_min0(fmaf(s[n][2], r.c2, -e1));
-            s[n][3] = pa_min0(fmaf(s[n][3], r.c2, -e1));
-        }
-        e0 = e1 = 0.f;
-        c2p = 1.f;
-    }
     return rescale;
 }
 
@@ -206,19 +181,19 @@ template <int NO> PA_DEV void pa_rescale_o(float (&o)[NO][4], float alpha0, floa
 /* pa_softmax_scores, and O rescaled at once (O not in flight). */
 template <int NG, int NO, int NATURAL>
 PA_DEV void pa_softmax_tile(const pa_attn_params &p, pa_lane_rows &r, float (&s)[NG][4], float (&o)[NO][4], int kt,
-                            float &e0, float &e1, float &c2p) {
+                            float &e0, float &e1) {
     float alpha0, alpha1;
-    if (pa_softmax_scores<NG, NATURAL>(p, r, s, kt, e0, e1, c2p, alpha0, alpha1)) pa_rescale_o(o, alpha0, alpha1);
+    if (pa_softmax_scores<NG, NATURAL>(p, r, s, kt, e0, e1, alpha0, alpha1)) pa_rescale_o(o, alpha0, alpha1);
 }
 
-/* P = 2^(x c2p - e) in place of the scores, adding to the row sums. */
-template <int NG> PA_DEV void pa_p_exp(pa_lane_rows &r, float (&s)[NG][4], float c2p, float e0, float e1) {
+/* P = 2^(x c2 - e) in place of the scores, adding to the row sums. */
+template <int NG> PA_DEV void pa_p_exp(pa_lane_rows &r, float (&s)[NG][4], float e0, float e1) {
 #pragma unroll
     for (int n = 0; n < NG; n++) {
-        s[n][0] = pa_exp2(fmaf(s[n][0], c2p, -e0));
-        s[n][1] = pa_exp2(fmaf(s[n][1], c2p, -e0));
-        s[n][2] = pa_exp2(fmaf(s[n][2], c2p, -e1));
-        s[n][3] = pa_exp2(fmaf(s[n][3], c2p, -e1));
+        s[n][0] = pa_exp2(fmaf(s[n][0], r.c2, -e0));
+        s[n][1] = pa_exp2(fmaf(s[n][1], r.c2, -e0));
+        s[n][2] = pa_exp2(fmaf(s[n][2], r.c2, -e1));
+        s[n][3] = pa_exp2(fmaf(s[n][3], r.c2, -e1));
         r.l0 += s[n][0] + s[n][1];
         r.l1 += s[n][2] + s[n][3];
     }
@@ -236,15 +211,14 @@ template <int NG> PA_DEV void pa_pack_p(const float (&s)[NG][4], int ks, u32 (&a
 /* P of key columns 16 ks .. 16 ks + 15 as the A fragment (input type) of
  * O += P V, adding to the row sums. */
 template <int NG>
-PA_DEV void pa_p_fragment(pa_lane_rows &r, const float (&s)[NG][4], int ks, float c2p, float e0, float e1,
-                          u32 (&a)[4]) {
+PA_DEV void pa_p_fragment(pa_lane_rows &r, const float (&s)[NG][4], int ks, float e0, float e1, u32 (&a)[4]) {
     float pr[2][4];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        pr[h][0] = pa_exp2(fmaf(s[2 * ks + h][0], c2p, -e0));
-        pr[h][1] = pa_exp2(fmaf(s[2 * ks + h][1], c2p, -e0));
-        pr[h][2] = pa_exp2(fmaf(s[2 * ks + h][2], c2p, -e1));
-        pr[h][3] = pa_exp2(fmaf(s[2 * ks + h][3], c2p, -e1));
+        pr[h][0] = pa_exp2(fmaf(s[2 * ks + h][0], r.c2, -e0));
+        pr[h][1] = pa_exp2(fmaf(s[2 * ks + h][1], r.c2, -e0));
+        pr[h][2] = pa_exp2(fmaf(s[2 * ks + h][2], r.c2, -e1));
+        pr[h][3] = pa_exp2(fmaf(s[2 * ks + h][3], r.c2, -e1));
         r.l0 += pr[h][0] + pr[h][1];
         r.l1 += pr[h][2] + pr[h][3];
     }

@@ -77,9 +77,9 @@ PA_DEV void pa_interior_tiles(const int *s_w, int nwarps, int kbase, int bn, int
 template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO>
 PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
                           u32 (&pa)[BN / 16][4], int kt) {
-    float e0, e1, c2p, alpha0, alpha1;
-    const bool rescale = pa_softmax_scores<BN / 8, NATURAL, MASK>(p, rs, s, kt, e0, e1, c2p, alpha0, alpha1);
-    pa_p_exp<BN / 8>(rs, s, c2p, e0, e1);
+    float e0, e1, alpha0, alpha1;
+    const bool rescale = pa_softmax_scores<BN / 8, NATURAL, MASK>(p, rs, s, kt, e0, e1, alpha0, alpha1);
+    pa_p_exp<BN / 8>(rs, s, e0, e1);
     if constexpr (WITH_PV) {
         pa_wgmma_wait<0>();
         pa_fence_operands(o);

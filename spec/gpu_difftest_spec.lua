@@ -70,17 +70,22 @@ describe("#gpu CUDA against the float64 reference", function()
     end)
   end)
 
-  -- query rows from 2^-60 to 2^60 (bf16; f16's range is 2^-6 .. 2^6):
-  -- scores past 2^32, where P at a row's max once overflowed to inf in the
-  -- prefill kernels (docs/prefill.md, "Scores past 2^20"). Not f32: there
-  -- the rule's error of a naive f32 lse (~1e19) is an ulp or less, which the
-  -- rule's 1e-5 cannot widen, so two correct roundings of it may differ by more.
-  it("#gpu prefill, chunked prefill and reads with query rows of any magnitude", function()
+  -- query rows from 2^-16 to 2^16 (f16's 2^-6 .. 2^6), rows of zeros,
+  -- elements far below their row's largest: scores of up to ~2^26 in base 2,
+  -- inside the prefill kernels' range (docs/prefill.md, "Scores past 2^31").
+  -- bf16 and f16 (the tensor-core kernels); not f32, whose naive error, the
+  -- rule's yardstick, is then mostly one rounding of scores ~2^20 that
+  -- another order of the same f32 sums misses by more than 3x
+  it("#gpu prefill, chunked prefill and reads with query rows from 2^-16 to 2^16", function()
     run_cases("gpu prefill q range", H.scale(24), function(rng, i)
       local mode = ({ "prefill", "chunked", "read" })[i % 3 + 1]
-      return { mode = mode, q_range = "wide", dtype = i % 3 == 0 and "f16" or "bf16",
+      return { mode = mode, q_range = 16, dtype = i % 3 == 1 and "f16" or "bf16",
         B = rng:int(1, 3), sq = mode == "read" and rng:int(9, 40) or nil, lse = true }
     end)
+  end)
+  it("#gpu prefill with scores past 2^31", function()
+    pending("a documented limit, docs/prefill.md \"Scores past 2^31\": P at a row's max overflows to inf where "
+      .. "|score x softmax_scale x log2 e| passes 2^31 (2^28 for an f16 q); both fixes measured cost 2.5-4.7% of prefill")
   end)
 
   -- persistent decode blocks (the default at head dims 64 and 128), five of
