@@ -433,6 +433,7 @@ function check.run(c, device, rng)
     lines[#lines + 1] = cache_lines[1]
   end
   r.report = table.concat(lines, "; ")
+  if c.keep then r.got_out, r.exact_out, r.q = got_out, exact_out.data, inputs.q end -- (lab scripts: per-row looks)
   return r
 end
 
