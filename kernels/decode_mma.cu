@@ -68,11 +68,11 @@
  *   accumulators hold dims 16c + 4t .. 16c + 4t + 3 of each 16 (in o[2c][0],
  *   o[2c + 1][0], o[2c][1], o[2c + 1][1]), which the epilogue stores where
  *   they belong.
- * A bf16 q over an fp8 cache may run its MMAs in f16 (QS, PA_FP8_F16_MMA): an fp8 pair widens
+ * A bf16 q over an fp8 cache runs its MMAs in f16 (QS, PA_FP8_F16_MMA): an fp8 pair widens
  * to an f16 pair in one instruction (e4m3: cvt.rn.f16x2.e4m3x2, e5m2: a
  * byte permute), to a bf16 pair in four (through f32), and the widening of
- * K and V kept the ALU pipe the busiest (one H100 run: 2-4% faster; off
- * until an H200 run decides, docs/fp8.md). Each
+ * K and V kept the ALU pipe the busiest (two H100 leases: 1-7% faster,
+ * docs/fp8.md). Each
  * row of q is scaled into f16 by a power of two once a unit (qs_scales), P
  * is stored in f16 with 15 of headroom above its max (hr).
  * The stage's rows are swizzled for ldmatrix (fp8_chunk_at). A key's scale
@@ -596,8 +596,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, PA_MINB) pa_decode_mma(co
                     else mx0 = fmaxf(mx0, x);
                 }
             }
-            mx0 = fmaxf(m0, pa_quad_max(mx0) + hr);
-            if (!LOWER) mx1 = fmaxf(m1, pa_quad_max(mx1) + hr);
+            /* (QS: the max less 15 rounded up, so that P <= 2^15 stays below
+             * f16's 65504 where scores of 2^24 .. 2^29 round it by up to 16) */
+            auto headed = [&](float m) { return QS ? __fadd_ru(m, hr) : m + hr; };
+            mx0 = fmaxf(m0, headed(pa_quad_max(mx0)));
+            if (!LOWER) mx1 = fmaxf(m1, headed(pa_quad_max(mx1)));
             /* new maxima: rescale what is accumulated (rarely, once the max settles) */
             const float alpha0 = mx0 == -PA_INF ? 1.f : pa_exp2(m0 - mx0);
             const float alpha1 = LOWER || mx1 == -PA_INF ? 1.f : pa_exp2(m1 - mx1);

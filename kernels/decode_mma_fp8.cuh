@@ -14,11 +14,11 @@
 PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) * 16; }
 
 /* The MMAs' input type: q's, but f16 for a bf16 q over an fp8 cache (QS;
- * decode_mma.cu's header says why) where PA_FP8_F16_MMA is 1: one H100 run
- * took 2-4% off the fp8 decode, so off until an H200 run decides (tuning
- * nvrtc_options "-DPA_FP8_F16_MMA=1"; docs/fp8.md) */
+ * decode_mma.cu's header says why): 1-7% off the fp8 decode's time on two
+ * H100 leases (docs/fp8.md). PA_FP8_F16_MMA=0 (tuning nvrtc_options
+ * "-DPA_FP8_F16_MMA=0") keeps the MMAs in bf16, for A/Bs. */
 #ifndef PA_FP8_F16_MMA
-#define PA_FP8_F16_MMA 0
+#define PA_FP8_F16_MMA 1
 #endif
 constexpr int MT = FP8 && PA_FP8_F16_MMA ? PA_DT_F16 : PA_DTYPE;
 constexpr bool QS = MT != PA_DTYPE;

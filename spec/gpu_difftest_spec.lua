@@ -75,11 +75,14 @@ describe("#gpu CUDA against the float64 reference", function()
   -- inside the prefill kernels' range (docs/prefill.md, "Scores past 2^31").
   -- bf16 and f16 (the tensor-core kernels); not f32, whose naive error, the
   -- rule's yardstick, is then mostly one rounding of scores ~2^20 that
-  -- another order of the same f32 sums misses by more than 3x
+  -- another order of the same f32 sums misses by more than 3x. No ALiBi or
+  -- softcap: their f32 steps on scores ~2^20 round the exponents by ~2^-3,
+  -- and the rule's 3x of the naive error did not hold once (an fp8 read with
+  -- ALiBi: 0.88 against 0.73, seed 1599819003 on an H100)
   it("#gpu prefill, chunked prefill and reads with query rows from 2^-16 to 2^16", function()
     run_cases("gpu prefill q range", H.scale(24), function(rng, i)
       local mode = ({ "prefill", "chunked", "read" })[i % 3 + 1]
-      return { mode = mode, q_range = 16, dtype = i % 3 == 1 and "f16" or "bf16",
+      return { mode = mode, q_range = 16, alibi = false, softcap = 0, dtype = i % 3 == 1 and "f16" or "bf16",
         B = rng:int(1, 3), sq = mode == "read" and rng:int(9, 40) or nil, lse = true }
     end)
   end)
