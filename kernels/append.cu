@@ -726,8 +726,9 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
          * multiplications: x / d = umulhi(x, ceil(2^32 / d)) wherever x d <
          * 2^32 (cc < 2^13 kv_heads, per <= 32: below 4096 kv heads); the two
          * divisions by run-time values a chunk are most of the pass's integer
-         * work (ALU 83% busy, docs/fp8.md). One H100 run: 1% off the chunked
-         * prefill; off until an H200 run decides (nvrtc_options "-DPA_DEQUANT_MUL=1") */
+         * work (ALU 83% busy, docs/fp8.md). Two H100 runs moved the chunked
+         * prefill +1% and -6% (rows not alternated): not shown to help, so off
+         * (nvrtc_options "-DPA_DEQUANT_MUL=1") */
         const u32 m_per = 0xffffffffu / (u32)per + 1u, m_hk = 0xffffffffu / (u32)p.kv_heads + 1u;
         for (int c0 = threadIdx.x; c0 < 2 * n; c0 += DQ_UNROLL * blockDim.x) {
             uint2 raw[DQ_UNROLL];

@@ -71,7 +71,7 @@
  * A bf16 q over an fp8 cache runs its MMAs in f16 (QS, PA_FP8_F16_MMA): an fp8 pair widens
  * to an f16 pair in one instruction (e4m3: cvt.rn.f16x2.e4m3x2, e5m2: a
  * byte permute), to a bf16 pair in four (through f32), and the widening of
- * K and V kept the ALU pipe the busiest (two H100 leases: 1-7% faster,
+ * K and V kept the ALU pipe the busiest (three H100 leases: 1-8% faster,
  * docs/fp8.md). Each
  * row of q is scaled into f16 by a power of two once a unit (qs_scales), P
  * is stored in f16 with 15 of headroom above its max (hr).

@@ -14,7 +14,7 @@
 PA_DEV int fp8_chunk_at(int r, int c) { return (GCPR == 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3)) * 16; }
 
 /* The MMAs' input type: q's, but f16 for a bf16 q over an fp8 cache (QS;
- * decode_mma.cu's header says why): 1-7% off the fp8 decode's time on two
+ * decode_mma.cu's header says why): 1-8% off the fp8 decode's time on three
  * H100 leases (docs/fp8.md). PA_FP8_F16_MMA=0 (tuning nvrtc_options
  * "-DPA_FP8_F16_MMA=0") keeps the MMAs in bf16, for A/Bs. */
 #ifndef PA_FP8_F16_MMA
