@@ -30,12 +30,11 @@
  * bytes.
  *
  * FP8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
- * head, defined in double (the reciprocal once a head) and rounded once,
- * nearest even and saturating: the host's definition, so CPU and GPU write
- * the same bytes (the 16-byte path finds most of them in f32, where that is
- * sure: kv8). New tokens take the 16-byte path where it allows (8
- * elements a lane in, 8 bytes out), else the staged one (a lane an
- * element).
+ * head in f32 (k rotated in f32), converted once, nearest even and
+ * saturating: the host's definition (pa_fp8_scaled, pa_rotate_f32), so CPU
+ * and GPU write the same bytes. New tokens take the 16-byte path where it
+ * allows (8 elements a lane in, 8 bytes out: fp8x8), else the staged one
+ * (a lane an element).
  *
  * Defines: PA_DTYPE (0 f32, 1 f16, 2 bf16); PA_KV (optional, the caches':
  * PA_DTYPE, or fp8); tuning (A/Bs by PAGEDATTN_NVRTC_OPTIONS):
@@ -55,12 +54,12 @@
 #define FP8 PA_DT_IS_FP8(PA_KV)
 /* blocks a SM the registers must allow, and v chunks a lane a pass of the
  * new tokens' 16-byte path (append_new8; its rotary items a lane a pass half
- * that). fp8 caches: three blocks (80 registers, no spills against 180
- * bytes at 64): 64 x 512 tokens e4m3 137.9 -> 126.6 us, H100; two, or four
- * chunks a pass, were slower, and 16-bit caches gain nothing (100.7 /
- * 100.4 us); docs/fp8.md. */
+ * that). Four (64 registers, a few spills) for fp8 caches too since their
+ * values are f32 arithmetic: 64 x 512 tokens e4m3 85.0 -> 77.0 us against
+ * three (80 registers, none); five 98.9, two 103.6, four chunks a pass
+ * 97.3 (H100, docs/fp8.md). */
 #ifndef PA_APPEND_MINB
-#define PA_APPEND_MINB (FP8 ? 3 : 4)
+#define PA_APPEND_MINB 4
 #endif
 #ifndef PA_APPEND_KV
 #define PA_APPEND_KV 2
@@ -73,8 +72,7 @@ typedef pa_elem<PA_DTYPE> E;
 
 /* The cos/sin rows as staged (values of f32 or narrower tables, so exact
  * either way): double in the 16-bit modules; f32 in the fp8 ones, whose
- * 16-byte path rotates in f32 (kv8) and would otherwise pay a conversion
- * from double for each use (its other paths widen them, exactly). */
+ * keys rotate in f32 (q's f32 copy widens them, exactly). */
 #if PA_DT_IS_FP8(PA_KV)
 typedef float rot_t;
 #else
@@ -109,8 +107,10 @@ __device__ __forceinline__ void copy_rows(char *dst, const char *src, i64 n, int
 
 /* A token's `heads` rows of D elements from src (dtype) rotated into dst
  * (store(i, value) for element i of those rows), a batch of whole heads at a
- * time through the warp's stage x (pa_load8 where the rows allow). */
-template <typename S>
+ * time through the warp's stage x (pa_load8 where the rows allow). R32: the
+ * pairs rotated in f32 (pa_rotate_f32: keys into an fp8 cache), else in
+ * double. */
+template <bool R32 = false, typename S>
 __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const void *src, i64 src0, int heads,
                                             double *x, const rot_t *cs, const rot_t *sn, int lane, S store) {
     const int D = p.head_dim, per = STAGE / D; /* heads a batch */
@@ -150,7 +150,14 @@ __device__ __forceinline__ void rotate_rows(const pa_append_params &p, const voi
             each(half, [&](int hh, int j) {
                 const int d0 = p.interleaved ? 2 * j : j, d1 = p.interleaved ? 2 * j + 1 : j + half;
                 double y0, y1;
-                rotate_pair(x[hh * D + d0], x[hh * D + d1], cs[j], sn[j], y0, y1);
+                if constexpr (R32) {
+                    float f0, f1;
+                    pa_rotate_f32((float)x[hh * D + d0], (float)x[hh * D + d1], (float)cs[j], (float)sn[j], f0, f1);
+                    y0 = f0;
+                    y1 = f1;
+                } else {
+                    rotate_pair(x[hh * D + d0], x[hh * D + d1], cs[j], sn[j], y0, y1);
+                }
                 store((i64)h0 * D + hh * D + d0, y0);
                 store((i64)h0 * D + hh * D + d1, y1);
             });
@@ -183,7 +190,7 @@ template <typename T = double> __device__ __forceinline__ T elem8(const uint4 &v
 /* 8 results of a row, put one at a time: rounded once to the dtype
  * (pa_store_f64's rounding) and stored as 16 bytes (OUT_DT: a 16-bit cache
  * row) or as f32 (OUT_F32: the rotated q copy, 32 bytes). OUT_KV: an fp8
- * cache row, 8 bytes (kv8 below). */
+ * cache row, 8 bytes (fp8x8 below). */
 enum { OUT_DT, OUT_F32, OUT_KV };
 template <int O> struct out8;
 template <> struct out8<OUT_DT> {
@@ -203,79 +210,43 @@ template <> struct out8<OUT_F32> {
         *(float4 *)(o + 4) = make_float4(f[4], f[5], f[6], f[7]);
     }
 };
-/* fp8: 1 / scale of kv head hk, in double: the host's 1.0 / scale, so
- * that both backends store the same bytes by one definition */
-__device__ __forceinline__ double inv_scale(const pa_append_params &p, bool is_k, int hk) {
-    return ((const double *)p.inv_scales)[(is_k ? 0 : p.kv_heads) + hk];
+/* fp8: 1 / scale of kv head hk (the host's pa_fp8_inv_scale, uploaded with
+ * the call's plan: one definition of the bytes for both backends) */
+__device__ __forceinline__ float inv_scale(const pa_append_params &p, bool is_k, int hk) {
+    return ((const float *)p.inv_scales)[(is_k ? 0 : p.kv_heads) + hk];
 }
 
-/* 8 fp8 cache bytes of a 16-byte chunk, each the host's value (fp8_store's:
- * x = a b + e f in double, times 1 / scale in double, rounded once) found in
- * f32 where that is sure: z = fl32(fl32(a b + fl32(e f)) inv) is within
- * 2^-22 (|a b| + |e f|) |inv| of the double (two f32 roundings of the sum,
- * two of the scaling, inv's own; the products in double are exact: a 16-bit
- * x times an f32), so where z - err and z + err (err = 2^-20 (|a b| + |e f|)
- * |inv|, 4x that) round to one fp8 code, rounding being monotonic, so does
- * the double. err within [2^-99, 2^100] (|inv| <= 2^20) keeps f32 underflow
- * (an absolute 2^-150) inside err and every value finite, and excludes NaN.
- * Elsewhere (within the bound of an fp8 midpoint: on the host model, 3e-5
- * of normal random k and v at scales 0.5 and 0.25, 2e-3 to 5e-3 at scales
- * such as 0.3 whose reciprocals put some bf16 values on ties; zeros, NaN,
- * infinities, scales beyond 2^+-20) the element takes the double path. One
- * conversion an element (f32 pair -> fp8 pair) instead of five to and from
- * double, which issue 16 a clock a SM on sm_90. sm_89+ (that conversion);
- * before, the double path alone. */
-struct kv8 {
-    u32 w[2];
-    double invd;
-    float inv, tol;
-    bool fast, exact;
-    __device__ __forceinline__ explicit kv8(double inv_d)
-        : w{0u, 0u}, invd(inv_d), inv((float)inv_d), tol(fabsf((float)inv_d) * 0x1p-20f),
-          fast(inv_d >= 0x1p-60 && inv_d <= 0x1p20), exact(fast && (double)(float)inv_d == inv_d) {}
-    /* element i: x / scale. Where 1 / scale is an f32 and the product x inv
-     * is exact in f32 (its FMA residual 0; an underflow that hides a
-     * residual gives fp8 0 either way), z is the double's value itself and
-     * rounds as it would: a 16-bit x lies on an fp8 tie 1 time in 16 (e4m3),
-     * which put's interval can never decide. */
-    __device__ __forceinline__ void put_x(int i, float x) {
+/* The fp8 codes of z0 (low byte) and z1: one cvt.rn.satfinite (nearest
+ * even, saturating at the largest finite value: the host's pa_f32_to_fp8
+ * wherever both are finite); a pair holding a NaN or an infinity takes the
+ * host's code (NaN's sign) instead. sm_89+ (that conversion); before, the
+ * host's code always. */
+__device__ __forceinline__ u32 fp8_codes(float z0, float z1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-        if (exact) {
-            const float z = __fmul_rn(x, inv);
-            if (__fmaf_rn(x, inv, -z) == 0.f) {
-                unsigned short h;
-                if constexpr (PA_KV == PA_DT_FP8_E4M3)
-                    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
-                else
-                    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %1;" : "=h"(h) : "f"(z));
-                w[i >> 2] |= ((u32)h & 0xffu) << (8 * (i & 3));
-                return;
-            }
-        }
-#endif
-        put(i, x, 1.f, -0.f, 0.f);
-    }
-    /* element i: (a b + e f) / scale (a rotated pair's term: e = -x1 or x1;
-     * a plain value x: b = 1, e f = -0 * 0, so that x + (-0) is x) */
-    __device__ __forceinline__ void put(int i, float a, float b, float e, float f) {
-        u32 code = 0u;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-        const float t = __fmul_rn(e, f), z = __fmul_rn(__fmaf_rn(a, b, t), inv);
-        const float err = __fmul_rn(__fmaf_rn(fabsf(a), fabsf(b), fabsf(t)), tol);
-        unsigned short h;
+    const float inf = __int_as_float(0x7f800000);
+    if (fabsf(z0) < inf && fabsf(z1) < inf) {
+        unsigned short c;
         if constexpr (PA_KV == PA_DT_FP8_E4M3)
-            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(__fadd_rn(z, err)), "f"(__fsub_rn(z, err)));
+            asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(c) : "f"(z1), "f"(z0));
         else
-            asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(__fadd_rn(z, err)), "f"(__fsub_rn(z, err)));
-        const u32 hh = h;
-        const bool sure = fast && ((hh ^ (hh >> 8)) & 0xffu) == 0u &&
-                          __float_as_uint(err) - 0x0e000000u /* 2^-99 */ <= 0x71800000u /* 2^100 */ - 0x0e000000u;
-        if (sure) code = hh & 0xffu;
-        else
+            asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(c) : "f"(z1), "f"(z0));
+        return c;
+    }
 #endif
-            code = pa_f32_to_fp8<PA_KV>(
-                pa_f64_to_f32_odd(__dmul_rn(__dadd_rn(__dmul_rn(a, b), __dmul_rn(e, f)), invd)));
-        w[i >> 2] |= code << (8 * (i & 3));
+    return pa_f32_to_fp8<PA_KV>(z0) | (pa_f32_to_fp8<PA_KV>(z1) << 8);
+}
+
+/* 8 fp8 cache bytes of a 16-byte chunk, each the host's pa_fp8_scaled: z =
+ * x inv rounded to f32, two of them into two codes by fp8_codes. Three
+ * instructions an element (multiply, finite test, half a conversion) where
+ * the double definition took about a dozen (docs/fp8.md). */
+struct fp8x8 {
+    u32 w[2];
+    float inv;
+    __device__ __forceinline__ explicit fp8x8(float inv_) : w{0u, 0u}, inv(inv_) {}
+    /* elements i and i + 1 (i even): x0 / scale and x1 / scale */
+    __device__ __forceinline__ void put2(int i, float x0, float x1) {
+        w[i >> 2] |= fp8_codes(__fmul_rn(x0, inv), __fmul_rn(x1, inv)) << (8 * (i & 3));
     }
     __device__ __forceinline__ void flush(char *row, int e) const { *(uint2 *)(row + e) = make_uint2(w[0], w[1]); }
 };
@@ -368,33 +339,35 @@ template <int O, int K> struct rows8_pass {
             }
         }
     }
-    /* item k into an fp8 cache (kv8), its head's 1 / scale inv */
+    /* item k into an fp8 cache (fp8x8), its head's 1 / scale inv */
     __device__ __forceinline__ void store_kv(const pa_append_params &p, char *dst, const rot_t *cs, const rot_t *sn,
-                                             int k, double inv) const {
+                                             int k, float inv) const {
         const int rd = p.rotary_dim, half = rd >> 1;
         const int rot = p.interleaved ? rd / 8 : half / 8, c = cc[k];
-        kv8 y(inv);
+        fp8x8 y(inv);
         if (c >= rot) { /* past the rotary dim: as it is */
 #pragma unroll
-            for (int i = 0; i < 8; i++) y.put_x(i, elem8<float>(a[k], i));
+            for (int i = 0; i < 8; i += 2) y.put2(i, elem8<float>(a[k], i), elem8<float>(a[k], i + 1));
             y.flush(dst, e[k]);
         } else if (p.interleaved) { /* pairs (2i, 2i + 1) of the chunk: j = 4 c + i */
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float x0 = elem8<float>(a[k], 2 * i), x1 = elem8<float>(a[k], 2 * i + 1);
-                const float cj = cs[4 * c + i], sj = sn[4 * c + i];
-                y.put(2 * i, x0, cj, -x1, sj);
-                y.put(2 * i + 1, x0, sj, x1, cj);
+                float y0, y1;
+                pa_rotate_f32(elem8<float>(a[k], 2 * i), elem8<float>(a[k], 2 * i + 1), cs[4 * c + i], sn[4 * c + i],
+                              y0, y1);
+                y.put2(2 * i, y0, y1);
             }
             y.flush(dst, e[k]);
         } else { /* j = 8 c + i: a[k] the first half's elements, b[k] their partners */
-            kv8 y1(inv);
+            fp8x8 y1(inv);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float x0 = elem8<float>(a[k], i), x1 = elem8<float>(b[k], i);
-                const float cj = cs[8 * c + i], sj = sn[8 * c + i];
-                y.put(i, x0, cj, -x1, sj);
-                y1.put(i, x0, sj, x1, cj);
+            for (int i = 0; i < 8; i += 2) {
+                float r0, r1, t0, t1;
+                pa_rotate_f32(elem8<float>(a[k], i), elem8<float>(b[k], i), cs[8 * c + i], sn[8 * c + i], r0, r1);
+                pa_rotate_f32(elem8<float>(a[k], i + 1), elem8<float>(b[k], i + 1), cs[8 * c + i + 1],
+                              sn[8 * c + i + 1], t0, t1);
+                y.put2(i, r0, t0);
+                y1.put2(i, r1, t1);
             }
             y.flush(dst, e[k]);
             y1.flush(dst, e[k] + half);
@@ -425,9 +398,9 @@ template <int K> struct copy8_pass {
         for (int k = 0; k < K; k++) {
             const int u = u0 + lane + 32 * k;
             if (u >= n) break;
-            kv8 y(inv_scale(p, is_k, h0 + u / per));
+            fp8x8 y(inv_scale(p, is_k, h0 + u / per));
 #pragma unroll
-            for (int i = 0; i < 8; i++) y.put_x(i, elem8<float>(v[k], i));
+            for (int i = 0; i < 8; i += 2) y.put2(i, elem8<float>(v[k], i), elem8<float>(v[k], i + 1));
             y.flush(dst, 8 * u);
         }
     }
@@ -571,8 +544,8 @@ __device__ __forceinline__ void append_new8(const pa_append_params &p, i64 n, in
 }
 
 /* fp8: element e of a token's rows of kv heads h0 .. (D each) into the
- * cache at element dst0 + e: x * (1 / scale of its head), one rounding.
- * A lane's elements go head by head, so it divides once a head. */
+ * cache at element dst0 + e: pa_fp8_scaled by its head's 1 / scale (x an
+ * f32 value). A lane's elements go head by head, so it divides once a head. */
 struct fp8_store {
     const pa_append_params *p;
     void *cache;
@@ -580,14 +553,15 @@ struct fp8_store {
     int h0;
     bool is_k;
     int head = -1;
-    double inv = 1.0;
+    float inv = 1.f;
     __device__ __forceinline__ void operator()(i64 e, double x) {
         const int hh = (int)e / p->head_dim; /* (e < a token's rows: 32 bits) */
         if (hh != head) {
             head = hh;
             inv = inv_scale(*p, is_k, h0 + hh);
         }
-        pa_store_f64<PA_KV>(cache, dst0 + e, __dmul_rn(x, inv));
+        const float z = __fmul_rn((float)x, inv); /* (pa_fp8_scaled) */
+        ((u8 *)cache)[dst0 + e] = (u8)fp8_codes(z, z);
     }
 };
 
@@ -641,7 +615,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
         const i64 dst = page * p.page_stride + slot * p.row_stride + (i64)h0 * D;
         if (p.rot_cos) stage_rot(p, pos, cs, sn, lane);
         if constexpr (FP8) {
-            /* (a lane an element: x exact in double, times its head's 1 / scale) */
+            /* (a lane an element: x exact in double and f32, times its head's 1 / scale) */
             fp8_store vq{&p, (void *)p.v_cache, dst, h0, false};
             for (i64 e = lane; e < (i64)nh * D; e += 32) vq(e, (double)E::load((const void *)p.v_new, src + e));
             fp8_store kq{&p, (void *)p.k_cache, dst, h0, true};
@@ -650,7 +624,7 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
                 return;
             }
             __syncwarp(); /* cos/sin staged */
-            rotate_rows(p, (const void *)p.k_new, src, nh, x, cs, sn, lane, [&](i64 e, double v) { kq(e, v); });
+            rotate_rows<true>(p, (const void *)p.k_new, src, nh, x, cs, sn, lane, [&](i64 e, double v) { kq(e, v); });
             return;
         }
         copy_rows((char *)p.v_cache + dst * ESZ, (const char *)p.v_new + src * ESZ, (i64)nh * D, lane);

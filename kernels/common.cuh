@@ -95,6 +95,17 @@ template <int DT> PA_DEV u32 pa_f32_to_fp8(float f) {
     return sign | (((u32)(e + bias) << mbits) | (n - (1u << mbits)));
 }
 
+/* The fp8 append's value (the host's pa_fp8_scaled and pa_rotate_f32, so
+ * both backends write the same bytes): x times its kv head's 1 / scale
+ * (an f32, pa_fp8_inv_scale's), rounded to f32, then to fp8; a rotated
+ * pair in f32, each product rounded and one FMA. */
+template <int DT> PA_DEV u32 pa_fp8_scaled(float x, float inv) { return pa_f32_to_fp8<DT>(__fmul_rn(x, inv)); }
+PA_DEV void pa_rotate_f32(float x0, float x1, float c, float s, float &y0, float &y1) {
+    const float t0 = __fmul_rn(x1, s), t1 = __fmul_rn(x1, c);
+    y0 = __fmaf_rn(x0, c, -t0);
+    y1 = __fmaf_rn(x0, s, t1);
+}
+
 template <int DT> struct pa_elem;
 template <> struct pa_elem<PA_DT_F32> {
     typedef float T;

@@ -163,10 +163,10 @@ typedef struct pa_append_params {
      * are row n of k_new / v_new), so their loads need no meta */
     pa_i32 new_dense;
     /* fp8 caches (PA_KV): the new rows go in as x * (1 / scale) of their kv
-     * head, rounded once (the host's definition); inv_scales: f64
-     * [2][kv_heads], the 1 / scale of each head's k then v, divided by the
-     * host and uploaded with the plan: one definition of the bytes for
-     * both backends, and no reciprocal a chunk */
+     * head in f32, converted once (the host's pa_fp8_scaled); inv_scales:
+     * f32 [2][kv_heads], the 1 / scale of each head's k then v
+     * (pa_fp8_inv_scale), uploaded with the plan: one definition of the
+     * bytes for both backends, and no reciprocal a chunk */
     pa_i32 unused_; /* (the pointer after it 8-byte aligned) */
     pa_u64 inv_scales;
 } pa_append_params;

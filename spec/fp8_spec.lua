@@ -250,6 +250,120 @@ describe("attention with fp8 caches on the CPU against the reference", function(
     assert.equal(57344, ref.round(1e6, "fp8_e5m2"))
     assert.equal(-448, ref.round(-math.huge, "fp8_e4m3"))
   end)
+
+  -- The append's bytes (docs/fp8.md, "The append's value"): x times its kv
+  -- head's 1 / scale (rounded to f32) rounded to f32, then to fp8; keys
+  -- rotated in f32 (x1 s and x1 c rounded, then one fused multiply-add).
+  -- A Lua model of that, byte for byte, on both formats, non-power-of-two
+  -- scales per head, both rotary layouts (one with dims past rotary_dim),
+  -- and values that saturate, underflow, or are not finite.
+  it("the append stores the f32 definition, byte for byte (a Lua model)", function()
+    local f32 = ref.rounder("f32")
+    -- a * b + c rounded once to f32: a * b is exact in double (bf16 or f32
+    -- times f32); the sum must be too (TwoSum), which these inputs keep
+    local function fma32(a, b, c)
+      local prod = a * b
+      local sum = prod + c
+      local bb = sum - prod
+      assert((prod - (sum - bb)) + (c - bb) == 0, "model: an inexact sum (inputs out of the model's range)")
+      return f32(sum)
+    end
+    for _, fmt in ipairs(FORMATS) do
+      for li, lay in ipairs({ { il = false, rd = 8 }, { il = true, rd = 4 } }) do
+        local rng = H.rng("fp8-append-model-" .. fmt, li)
+        local B, S, Hk, D, ps = 2, 3, 2, 8, 4
+        local seqlens = { 0, 5 }
+        local bt = { { 0, 1 }, { 3, 2 } }
+        local scales_k, scales_v = { 0.3, 1.7 }, { 0.45, 3 }
+        local half, npos = lay.rd / 2, S + seqlens[2]
+        local cs, sn = {}, {}
+        for i = 1, npos * half do
+          cs[i] = f32((0.25 + 0.75 * rng:uniform()) * (rng:uniform() < 0.5 and -1 or 1))
+          sn[i] = f32((0.25 + 0.75 * rng:uniform()) * (rng:uniform() < 0.5 and -1 or 1))
+        end
+        local kv, vv = {}, {}
+        for i = 1, B * S * Hk * D do
+          kv[i] = ref.round(rng:normal() * 2 ^ rng:int(-3, 3), "bf16")
+          vv[i] = ref.round(rng:normal() * 2 ^ rng:int(-3, 3), "bf16")
+        end
+        -- v: past the range, below it, not finite, signed zero; k past the rotary dims
+        local specials = { 0 / 0, math.huge, -math.huge, 1e30, -1e30, -0.0, 2 ^ -130, -2 ^ -60, 3e38 }
+        for j, x in ipairs(specials) do vv[j * 5] = ref.round(x, "bf16") end
+        -- a double rounding the definition makes: x inv rounds to an fp8
+        -- midpoint in f32 (then to the even side) where x inv itself lies on
+        -- the odd side (rounded once from double, it would go there): head
+        -- 1's v scale and x found so, x in every token's first v element
+        local found
+        for k = 4, 15 do
+          local x = k / 16
+          for n = 0, 2 ^ MBITS[fmt] - 1 do
+            local lo, hi = 1 + n * 2 ^ -MBITS[fmt], 1 + (n + 1) * 2 ^ -MBITS[fmt]
+            local m = (lo + hi) / 2
+            local inv = f32(m / x)
+            local sc = f32(1 / inv)
+            if not found and f32(1 / sc) == inv and f32(x * inv) == m and x * inv ~= m
+               and ((x * inv > m) == (n % 2 == 0)) then
+              found = { x = x, scale = sc, want = ref.fp8_encode(n % 2 == 0 and lo or hi, fmt),
+                        once = ref.fp8_encode(x * inv > m and hi or lo, fmt) }
+            end
+          end
+        end
+        assert(found and found.want ~= found.once, "no double-rounding case found")
+        scales_v[1] = found.scale
+        for b = 0, B - 1 do
+          for i = 0, S - 1 do vv[((b * S + i) * Hk) * D + 1] = found.x end
+        end
+        if lay.rd < D then kv[D - 1], kv[2 * D] = 0 / 0, -math.huge end
+        local kc = pa.tensor({ 4, ps, Hk, D }, fmt, cpu)
+        local vc = pa.tensor({ 4, ps, Hk, D }, fmt, cpu)
+        local q = pa.tensor({ B, 0, 2 * Hk, D }, "bf16", cpu)
+        assert(pa.attention_with_kvcache(q, kc, vc, {
+          k = pa.from_table(kv, { B, S, Hk, D }, "bf16", cpu), v = pa.from_table(vv, { B, S, Hk, D }, "bf16", cpu),
+          block_table = pa.from_table({ bt[1][1], bt[1][2], bt[2][1], bt[2][2] }, { 2, 2 }, "i32", cpu),
+          cache_seqlens = seqlens, k_scale = scales_k, v_scale = scales_v,
+          rotary_cos = pa.from_table(cs, { npos, half }, "f32", cpu),
+          rotary_sin = pa.from_table(sn, { npos, half }, "f32", cpu), rotary_interleaved = lay.il }))
+        local kb, vb = bytes_of(kc), bytes_of(vc)
+        local checked = 0
+        local function expect(got, x, inv, what)
+          local want = ref.fp8_encode(f32(x * inv), fmt)
+          if x ~= x then
+            assert(got % 128 == 127, string.format("%s: NaN wrote 0x%02x", what, got))
+          else
+            assert(got == want, string.format("%s %s: %.17g / scale wrote 0x%02x, the definition 0x%02x",
+              fmt, what, x, got, want))
+          end
+          checked = checked + 1
+        end
+        for b = 1, B do
+          for i = 0, S - 1 do
+            local pos = seqlens[b] + i
+            local page, slot = bt[b][math.floor(pos / ps) + 1], pos % ps
+            for hk = 0, Hk - 1 do
+              local src = (((b - 1) * S + i) * Hk + hk) * D -- (0-based element of the row)
+              local dst = ((page * ps + slot) * Hk + hk) * D
+              local inv_k, inv_v = f32(1 / f32(scales_k[hk + 1])), f32(1 / f32(scales_v[hk + 1]))
+              local y = {}
+              for d = 0, D - 1 do y[d] = kv[src + d + 1] end
+              for j = 0, half - 1 do
+                local i0, i1 = lay.il and 2 * j or j, lay.il and 2 * j + 1 or j + half
+                local x0, x1, c, s_ = y[i0], y[i1], cs[pos * half + j + 1], sn[pos * half + j + 1]
+                y[i0] = fma32(x0, c, -f32(x1 * s_))
+                y[i1] = fma32(x0, s_, f32(x1 * c))
+              end
+              for d = 0, D - 1 do
+                local at = string.format("(b %d token %d head %d elem %d)", b, i, hk, d)
+                expect(kb[dst + d + 1], y[d], inv_k, "k " .. at)
+                expect(vb[dst + d + 1], vv[src + d + 1], inv_v, "v " .. at)
+              end
+            end
+          end
+        end
+        assert.equal(B * S * Hk * D * 2, checked, fmt .. " layout " .. li)
+        assert.equal(found.want, vb[(bt[1][1] * ps * Hk) * D + 1], "the double-rounding case")
+      end
+    end
+  end)
 end)
 
 describe("fp8 scales and dtypes: errors name the argument and change nothing", function()

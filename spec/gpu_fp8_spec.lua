@@ -87,7 +87,11 @@ describe("#gpu fp8 caches on CUDA", function()
                            cfg(long, { rot = false, per_head = false, big = true, Hk = 2, D = 128,
                              entry = "pa_append_new8" }),
                            cfg(long, { rot = false, per_head = false, tiny = true, Hk = 2, D = 128,
-                             entry = "pa_append_new8" }) }) do
+                             entry = "pa_append_new8" }),
+                           -- (NaN, infinities, values past the range, at scales that are not powers of two)
+                           cfg(long, { rot = true, il = false, per_head = true, specials = true, Hk = 8, D = 64,
+                             entry = "pa_append_new8" }),
+                           cfg(small, { rot = true, il = true, per_head = true, specials = true, entry = "pa_append " }) }) do
         local rng = H.rng("gpu fp8 append " .. fmt, i)
         local B, S, Hk, D, page = c.B, c.S, c.Hk, c.D, 16
         -- each sequence's pages, in a shuffled order of the pool's
@@ -107,6 +111,20 @@ describe("#gpu fp8 caches on CUDA", function()
         if c.per_head then
           k_scale, v_scale = {}, {}
           for h = 1, Hk do k_scale[h], v_scale[h] = 2 ^ rng:int(-3, 2), 2 ^ rng:int(-3, 1) * 1.5 end
+          if c.specials then
+            for h = 1, Hk do k_scale[h], v_scale[h] = 0.3 * 2 ^ rng:int(-3, 2), 0.7 * 2 ^ rng:int(-3, 1) end
+          end
+        end
+        -- (the same elements on both devices)
+        local special_at = {}
+        if c.specials then
+          for j = 1, 40 do special_at[j] = { rng:int(1, B * S * Hk * D), ({ 0 / 0, math.huge, -math.huge, 1e30, -0.0 })[1 + j % 5] } end
+        end
+        local function with_specials(t, d)
+          if not c.specials then return t end
+          local vals = t:to_table()
+          for _, sp in ipairs(special_at) do vals[sp[1]] = sp[2] end
+          return assert(pa.from_table(vals, t.shape, "bf16", d))
         end
         local caches = {}
         for _, d in ipairs({ dev, cpu }) do
@@ -117,6 +135,7 @@ describe("#gpu fp8 caches on CUDA", function()
           local v = assert(pa.randn({ B, S, Hk, D }, "bf16", d, 2))
           local function times(t, m) for j = 1, #t do t[j] = t[j] * m end return t end
           if mult ~= 1 then k = assert(pa.from_table(times(k:to_table(), mult), k.shape, "bf16", d)) end
+          k, v = with_specials(k, d), with_specials(v, d)
           if c.tiny then -- fp8 subnormals and zeros
             local m = fmt == "fp8_e4m3" and 2 ^ -8 or 2 ^ -15
             k = assert(pa.from_table(times(k:to_table(), m), k.shape, "bf16", d))

@@ -9,6 +9,7 @@
 #include "../pagedattn.h"
 #include "../pagedattn_lab.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -508,6 +509,29 @@ static inline float pa_f64_to_f32_odd(double x) {
 /* x rounded once to fp8 (nearest even, saturating): through f32 rounded to
  * odd, which keeps the rounding correct (f32 has 20 bits more than fp8). */
 static inline uint8_t pa_f64_to_fp8(double x, pa_dtype dt) { return pa_f32_to_fp8(pa_f64_to_f32_odd(x), dt); }
+
+/* The fp8 append, one definition for every backend (the CPU's append, the
+ * GPU's 16-byte and staged paths; kernels/common.cuh holds the twins): a
+ * kv head's 1 / scale rounded to f32 (FLT_MAX where it overflows: scales
+ * below 2^-128); a new value x (k rotated by pa_rotate_f32) stored as
+ * pa_f32_to_fp8(fl32(x * inv)). f32 arithmetic, as the GPU converts: one
+ * multiply and one conversion an element (the double definition before it
+ * held the GPU's append to 0.54 of its read + write rate; docs/fp8.md). */
+static inline float pa_fp8_inv_scale(float scale) {
+    const float r = 1.0f / scale;
+    return r <= FLT_MAX ? r : FLT_MAX;
+}
+static inline uint8_t pa_fp8_scaled(float x, float inv, pa_dtype dt) {
+    const float z = x * inv;
+    return pa_f32_to_fp8(z, dt);
+}
+/* (x0 c - x1 s, x0 s + x1 c) in f32: each x1 product rounded, then one fused
+ * multiply-add (fmaf: correctly rounded on every libm) */
+static inline void pa_rotate_f32(float x0, float x1, float c, float s, float *y0, float *y1) {
+    const float t0 = x1 * s, t1 = x1 * c;
+    *y0 = fmaf(x0, c, -t0);
+    *y1 = fmaf(x0, s, t1);
+}
 
 /* Stores a double into dtype dt with one correct rounding (nearest, ties even). */
 static inline void pa_store_f64(void *base, pa_dtype dt, int64_t i, double v) {

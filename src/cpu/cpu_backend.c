@@ -191,6 +191,18 @@ static void rotate_f64(const pa_attn_problem *p, double *x, int64_t pos) {
     }
 }
 
+/* Rotates a key (f32, in place) at position pos, as an fp8 cache stores it
+ * (pa_rotate_f32). */
+static void rotate_f32(const pa_attn_problem *p, float *x, int64_t pos) {
+    const int half = p->rotary_dim / 2;
+    for (int j = 0; j < half; j++) {
+        const float c = pa_load_f32(p->rotary_cos, p->rotary_dtype, pos * half + j);
+        const float s = pa_load_f32(p->rotary_sin, p->rotary_dtype, pos * half + j);
+        const int i0 = p->rotary_interleaved ? 2 * j : j, i1 = p->rotary_interleaved ? 2 * j + 1 : j + half;
+        pa_rotate_f32(x[i0], x[i1], c, s, &x[i0], &x[i1]);
+    }
+}
+
 /* Appends token `item` (flattened over the batch) with its rotary embedding. */
 static void append_item(void *arg, int64_t item, int thread) {
     (void)thread;
@@ -216,17 +228,15 @@ static void append_item(void *arg, int64_t item, int thread) {
     for (int hk = 0; hk < Hk; hk++) {
         const int64_t so = (src_row + hk) * D, dof = (dst_row + hk) * D;
         if (fp8) {
-            /* x times 1 / scale in double, one rounding into the cache (nearest
-             * even, saturating): the definition every backend and the
-             * reference share (a reciprocal, not a division a element, so that
-             * the GPU's append pays one division a head) */
-            const double inv_v = 1.0 / (double)p->h_v_scales[hk], inv_k = 1.0 / (double)p->h_k_scales[hk];
-            double x[PA_MAX_HEAD_DIM];
-            for (int d = 0; d < D; d++)
-                pa_store_f64(p->v_cache, p->cache_dtype, dof + d, pa_load_f64(p->v_new, p->dtype, so + d) * inv_v);
-            for (int d = 0; d < D; d++) x[d] = pa_load_f64(p->k_new, p->dtype, so + d);
-            if (p->rotary_cos) rotate_f64(p, x, pos);
-            for (int d = 0; d < D; d++) pa_store_f64(p->k_cache, p->cache_dtype, dof + d, x[d] * inv_k);
+            /* x times its head's 1 / scale in f32, one conversion into the
+             * cache (pa_fp8_scaled: the definition every backend shares) */
+            const float inv_v = pa_fp8_inv_scale(p->h_v_scales[hk]), inv_k = pa_fp8_inv_scale(p->h_k_scales[hk]);
+            uint8_t *vd = (uint8_t *)p->v_cache + dof, *kd = (uint8_t *)p->k_cache + dof;
+            float x[PA_MAX_HEAD_DIM];
+            for (int d = 0; d < D; d++) vd[d] = pa_fp8_scaled(pa_load_f32(p->v_new, p->dtype, so + d), inv_v, p->cache_dtype);
+            for (int d = 0; d < D; d++) x[d] = pa_load_f32(p->k_new, p->dtype, so + d);
+            if (p->rotary_cos) rotate_f32(p, x, pos);
+            for (int d = 0; d < D; d++) kd[d] = pa_fp8_scaled(x[d], inv_k, p->cache_dtype);
             continue;
         }
         memcpy((char *)p->v_cache + dof * (int64_t)es, (const char *)p->v_new + so * (int64_t)es,

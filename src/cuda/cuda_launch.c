@@ -83,16 +83,16 @@ void pa_cuda_append_scales_layout(const pa_attn_problem *p, pa_cuda_plan *plan) 
     plan->inv_off = 0;
     if (!plan->append || p->total_new == 0 || !pa_dtype_is_fp8(p->cache_dtype)) return;
     plan->inv_off = (plan->upload_bytes + 255) & ~(size_t)255;
-    plan->upload_bytes = plan->inv_off + 2 * (size_t)p->kv_heads * sizeof(double);
+    plan->upload_bytes = plan->inv_off + 2 * (size_t)p->kv_heads * sizeof(float);
 }
 
 void pa_cuda_append_scales_write(const pa_attn_problem *p, const pa_cuda_plan *plan, void *host) {
     if (!plan->inv_off) return;
-    double *inv = (double *)((char *)host + plan->inv_off);
+    float *inv = (float *)((char *)host + plan->inv_off);
     for (int32_t h = 0; h < p->kv_heads; h++) {
-        /* (the CPU's append divides the same way: the same bytes in the cache) */
-        inv[h] = 1.0 / (double)p->h_k_scales[h];
-        inv[p->kv_heads + h] = 1.0 / (double)p->h_v_scales[h];
+        /* (the CPU's append takes the same reciprocals: the same bytes in the cache) */
+        inv[h] = pa_fp8_inv_scale(p->h_k_scales[h]);
+        inv[p->kv_heads + h] = pa_fp8_inv_scale(p->h_v_scales[h]);
     }
 }
 
