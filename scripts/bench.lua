@@ -253,20 +253,12 @@ local fp8_notes = {} -- fp8 against bf16, same run
 -- rotary append: B sequences x n new tokens (k rotated, k and v written into
 -- their pages), no queries
 local function append(B, n, page, tag, kv)
-  local L = 4096
-  local kc, vc, bt = sweep.make_cache(pa, dev, B, L, HK, D, page, kv or DT)
-  local k = assert(pa.randn({ B, n, HK, D }, DT, dev, 4))
-  local v = assert(pa.randn({ B, n, HK, D }, DT, dev, 5))
-  local rc, rs = sweep.rope_tables(pa, dev, L, D / 2, DT)
-  local q = assert(pa.tensor({ B, 0, H, D }, DT, dev))
-  local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
-    rotary_interleaved = false, k_scale = kv and 0.5 or nil, v_scale = kv and 0.25 or nil }
-  local call = function() assert(pa.attention_with_kvcache(q, kc, vc, opts)) end
+  local call, _, _, bytes = sweep.append_batch(pa, dev, B, n, { H = H, Hk = HK, D = D, dtype = DT, page = page,
+    kv_dtype = kv })
   steady(call)
   local kt, w = time_calls(call, iters)
-  -- (bytes: k and v read in DT, written in the cache's dtype)
   decode_row(string.format("rotary append %dx%d tokens%s%s", B, n, kv and (" -> " .. kv) or "", tag or ""), layout(page),
-    2 * B * n * HK * D * (ESZ + (kv and 1 or ESZ)), kt, w, loop_calls(call, iters))
+    bytes, kt, w, loop_calls(call, iters))
   collectgarbage()
   return kt
 end

@@ -56,7 +56,7 @@ local M = {
   USAGE = cli.USAGE, parse_args = cli.parse_args, load = cli.load, main = cli.main, script = cli.script,
   -- workloads and helpers for benchmarks
   decode = measures.decode, prefill = measures.prefill, attention = measures.attention,
-  make_cache = measures.make_cache, decode_batch = measures.decode_batch,
+  make_cache = measures.make_cache, decode_batch = measures.decode_batch, append_batch = measures.append_batch,
   shuffled_pages = measures.shuffled_pages, rope_tables = measures.rope_tables,
   env_configs = env.env_configs, with_env = env.with_env,
   -- charts

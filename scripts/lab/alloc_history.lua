@@ -11,38 +11,16 @@
 -- Kernel us: median of 15 timed calls (1 ms apart) per round, the median of
 -- the rounds, the rounds in brackets.
 --   . .gpu-deps/env.sh && . scripts/env.sh && luajit scripts/lab/alloc_history.lua
-local ffi = require "ffi"
 local pa = require "pagedattn"
-local core = require "pagedattn.core"
 local sweep = require "pagedattn.sweep"
-
-pcall(ffi.cdef, "int usleep(unsigned int usec);")
 
 local steps_arg = arg[1]
   or "64x4096,64x4096/s,64x4096/u,read,churn8.9x2,64x4096,64x4096/s,64x4096/u,read,churn1.6x2,64x4096,64x4096/u"
 local rounds = tonumber(arg[2] or "2")
 
 local dev = assert(pa.device(os.getenv("PAGEDATTN_AB_DEVICE") or "cuda"))
-local C, ctx = core.C, core.ctx
-local secs = ffi.new("double[1]")
 
-local function timed(call)
-  local t0 = pa.clock()
-  repeat
-    for _ = 1, 5 do call() end
-    dev:synchronize()
-  until pa.clock() - t0 >= 0.05
-  local ts = {}
-  assert(C.pa_device_timing(ctx, dev.handle, 1) == 0, core.last_error())
-  for i = 1, 15 do
-    call()
-    assert(C.pa_device_timing_last(ctx, dev.handle, secs) == 0, core.last_error())
-    ts[i] = secs[0]
-    ffi.C.usleep(1000)
-  end
-  C.pa_device_timing(ctx, dev.handle, 0)
-  return sweep.stats(ts).median
-end
+local function timed(call) return require("scripts.lab.ab").timed(dev, call) end
 
 print(string.format("alloc_history on %s, %d rounds (kernel us)", dev.description, rounds))
 for step in steps_arg:gmatch("[^,]+") do

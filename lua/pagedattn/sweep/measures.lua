@@ -78,6 +78,27 @@ function M.decode_batch(lib, dev, name, o)
     2 * keys * o.Hk * o.D * cache_bytes[o.kv_dtype or o.dtype]
 end
 
+-- One rotary append of B sequences x n new tokens (the bench's append
+-- workload): k and v of o.dtype, o.Hk heads of o.D, into caches from
+-- make_cache (o.page, o.order) of o.L keys a sequence (default 4096) at its
+-- last n positions, GPT-NeoX rotary, no queries (q of 0 rows of o.H heads).
+-- o.kv_dtype: the caches' dtype instead (fp8: scales 0.5 and 0.25). Returns
+-- the call (its tensors live as long as it), the two caches, and the bytes
+-- it moves (k and v read in o.dtype, written in the caches' dtype).
+function M.append_batch(lib, dev, B, n, o)
+  local L, kv = o.L or 4096, o.kv_dtype or o.dtype
+  local fp8 = kv:find("fp8", 1, true) ~= nil
+  local kc, vc, bt = M.make_cache(lib, dev, B, L, o.Hk, o.D, o.page, kv, o.order)
+  local k = assert(lib.randn({ B, n, o.Hk, o.D }, o.dtype, dev, 4))
+  local v = assert(lib.randn({ B, n, o.Hk, o.D }, o.dtype, dev, 5))
+  local rc, rs = M.rope_tables(lib, dev, L, o.D / 2, o.dtype)
+  local q = assert(lib.tensor({ B, 0, o.H, o.D }, o.dtype, dev))
+  local opts = { block_table = bt, cache_seqlens = L - n, k = k, v = v, rotary_cos = rc, rotary_sin = rs,
+    rotary_interleaved = false, k_scale = fp8 and 0.5 or nil, v_scale = fp8 and 0.25 or nil }
+  return function() assert(lib.attention_with_kvcache(q, kc, vc, opts)) end, kc, vc,
+    2 * B * n * o.Hk * o.D * (cache_bytes[o.dtype] + cache_bytes[kv])
+end
+
 -- Rotary tables for positions 0 .. L - 1 of rotary dim 2 half (base 10000,
 -- GPT-NeoX's frequencies): cos and sin tensors [L, half] of `dtype`.
 function M.rope_tables(lib, dev, L, half, dtype)
