@@ -560,8 +560,7 @@ struct fp8_store {
             head = hh;
             inv = inv_scale(*p, is_k, h0 + hh);
         }
-        const float z = __fmul_rn((float)x, inv); /* (pa_fp8_scaled) */
-        ((u8 *)cache)[dst0 + e] = (u8)fp8_codes(z, z);
+        ((u8 *)cache)[dst0 + e] = (u8)pa_fp8_scaled<PA_KV>((float)x, inv);
     }
 };
 
