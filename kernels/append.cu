@@ -237,9 +237,9 @@ __device__ __forceinline__ u32 fp8_codes(float z0, float z1) {
 }
 
 /* 8 fp8 cache bytes of a 16-byte chunk, each the host's pa_fp8_scaled: z =
- * x inv rounded to f32, two of them into two codes by fp8_codes. Three
- * instructions an element (multiply, finite test, half a conversion) where
- * the double definition took about a dozen (docs/fp8.md). */
+ * x inv rounded to f32, two of them into two codes by fp8_codes: three
+ * operations an element in the source (multiply, finite test, half a
+ * conversion) where the double definition's took about a dozen. */
 struct fp8x8 {
     u32 w[2];
     float inv;

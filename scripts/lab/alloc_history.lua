@@ -13,6 +13,7 @@
 --   . .gpu-deps/env.sh && . scripts/env.sh && luajit scripts/lab/alloc_history.lua
 local pa = require "pagedattn"
 local sweep = require "pagedattn.sweep"
+local ab = require "scripts.lab.ab"
 
 local steps_arg = arg[1]
   or "64x4096,64x4096/s,64x4096/u,read,churn8.9x2,64x4096,64x4096/s,64x4096/u,read,churn1.6x2,64x4096,64x4096/u"
@@ -20,7 +21,7 @@ local rounds = tonumber(arg[2] or "2")
 
 local dev = assert(pa.device(os.getenv("PAGEDATTN_AB_DEVICE") or "cuda"))
 
-local function timed(call) return require("scripts.lab.ab").timed(dev, call) end
+local function timed(call) return ab.timed(dev, call) end
 
 print(string.format("alloc_history on %s, %d rounds (kernel us)", dev.description, rounds))
 for step in steps_arg:gmatch("[^,]+") do

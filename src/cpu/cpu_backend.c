@@ -233,7 +233,8 @@ static void append_item(void *arg, int64_t item, int thread) {
             const float inv_v = pa_fp8_inv_scale(p->h_v_scales[hk]), inv_k = pa_fp8_inv_scale(p->h_k_scales[hk]);
             uint8_t *vd = (uint8_t *)p->v_cache + dof, *kd = (uint8_t *)p->k_cache + dof;
             float x[PA_MAX_HEAD_DIM];
-            for (int d = 0; d < D; d++) vd[d] = pa_fp8_scaled(pa_load_f32(p->v_new, p->dtype, so + d), inv_v, p->cache_dtype);
+            for (int d = 0; d < D; d++)
+                vd[d] = pa_fp8_scaled(pa_load_f32(p->v_new, p->dtype, so + d), inv_v, p->cache_dtype);
             for (int d = 0; d < D; d++) x[d] = pa_load_f32(p->k_new, p->dtype, so + d);
             if (p->rotary_cos) rotate_f32(p, x, pos);
             for (int d = 0; d < D; d++) kd[d] = pa_fp8_scaled(x[d], inv_k, p->cache_dtype);
