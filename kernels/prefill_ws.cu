@@ -42,17 +42,9 @@
  * wgmma descriptors read as well as the default layout. Half the boxes at
  * head dim 128 (8 instead of 16 a K or V tile at page 16).
  *
- * FP8 caches (PA_KV fp8, TMA boxes, head dim 64 or 128): warp 0 loads each
- * tile's fp8 rows by TMA (a box a page, all D bytes of a row) into the upper
- * half of its 16-bit slot, and the producer's 128 threads widen them, a row a
- * thread, into the slot's 16-bit layout, STAGES - 1 tiles behind the loads;
- * the consumers run on 16-bit tiles as ever, the key scale in the scores'
- * factor and the value scale in the output (docs/fp8.md).
- *
  * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
  * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1), PA_TMA (0
- * the cp.async gather, 1 TMA boxes of 64 columns, 2 page boxes), PA_KV
- * (optional: the caches' dtype, PA_DTYPE or fp8 with PA_TMA 1).
+ * the cp.async gather, 1 TMA boxes of 64 columns, 2 page boxes).
  */
 #ifndef PA_EMBED_ONLY
 #include "prefill_wgmma.cuh"
@@ -60,14 +52,6 @@
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
     !defined(PA_NATURAL) || !defined(PA_TMA)
 #error "prefill_ws.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL, PA_TMA"
-#endif
-#ifndef PA_KV
-#define PA_KV PA_DTYPE
-#endif
-/* fp8 into bf16 by placing the bits and one exact bf16 product (1), or by
- * the f32 conversions (0); f16 always converts (one instruction a pair) */
-#ifndef PA_WS_FP8_BITS
-#define PA_WS_FP8_BITS 1
 #endif
 
 namespace {
@@ -112,9 +96,6 @@ static_assert(PA_STAGES >= 2 && PA_STAGES <= 4, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(!PA_TMA || PA_PAGE == -1 || PA_PAGE >= 16, "TMA: contiguous caches or pages of 16 rows or more");
 static_assert(!PAGE_BOX || PA_PAGE >= 16, "page boxes: pages of 16 rows or more");
-constexpr bool FP8 = PA_DT_IS_FP8(PA_KV);
-static_assert(!FP8 || (PA_TMA == 1 && D <= 128 && BN == 128), "fp8 caches: TMA boxes of whole rows (tma=1), head dim 64 or 128");
-static_assert(PA_KV == PA_DTYPE || FP8, "caches: the input type or fp8");
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS && PRODUCER_REGS % 8 == 0 &&
                   CONSUMER_REGS % 8 == 0,
               "setmaxnreg: the consumers' registers must come from the block's own");
@@ -191,65 +172,6 @@ PA_DEV void turn_pass(int c) {
     else asm volatile("bar.arrive 2, 256;\n" ::: "memory");
 }
 
-/* Four fp8 bytes as two bf16 pairs (element 0 in lo's low half), exactly,
- * for codes that are neither NaN nor infinity (fp8_special): each byte's sign
- * and magnitude bits placed in a bf16, whose value is then the code's times
- * 2^-120 (e4m3) or 2^-112 (e5m2), subnormals included, and one bf16 product
- * by the power of two restores it. Four integer operations and a product a
- * pair where the f32 route takes four conversions. */
-template <int KV> PA_DEV void ws_fp8x4_to_bf16(u32 w, u32 &lo, u32 &hi) {
-    constexpr u32 SH = KV == PA_DT_FP8_E4M3 ? 4 : 3;
-    constexpr u32 POW = KV == PA_DT_FP8_E4M3 ? 0x7b807b80u /* 2^120 */ : 0x77807780u /* 2^112 */;
-    const u32 a = __byte_perm(w, 0u, 0x1404), b = __byte_perm(w, 0u, 0x3424); /* bytes into the halves' tops */
-    lo = ((a & 0x7f007f00u) >> SH) | (a & 0x80008000u);
-    hi = ((b & 0x7f007f00u) >> SH) | (b & 0x80008000u);
-    asm("mul.rn.bf16x2 %0, %0, %2;\n\tmul.rn.bf16x2 %1, %1, %2;" : "+r"(lo), "+r"(hi) : "r"(POW));
-}
-/* Bit 7 of a byte of the result set where that byte of w is a NaN or an
- * infinity code (e4m3: magnitude 0x7f; e5m2: exponent all ones). */
-template <int KV> PA_DEV u32 ws_fp8_special(u32 w) {
-    return KV == PA_DT_FP8_E4M3 ? (w & 0x7f7f7f7fu) + 0x01010101u : (w & 0x7c7c7c7cu) + 0x04040404u;
-}
-
-/* Row r of an fp8 tile that TMA landed in the upper half of its slot (rows
- * of D bytes) widened into the slot's 16-bit layout (pa_swz), a 64-column
- * block at a time; zeros where !keys (rows past the sequence's keys: P is 0
- * there, and 0 x a NaN left in memory would not be). The 16-byte chunks are
- * read from chunk (c + r) % 4 on, so that a warp's reads and writes fall in
- * eight different bank groups. At head dim 128 block 1 of row r overwrites
- * the fp8 row r itself, read by then; at 64 the 16-bit rows 64-127 cover
- * fp8 rows of other threads: the producer's barrier between reads and writes. */
-PA_DEV void ws_widen_row(u8 *slot, int r, bool keys) {
-    const u8 *src = slot + KV_BYTES / 2 + r * D;
-#pragma unroll 1 /* (unrolled, the two blocks' loads overlap and the producer's 56 registers spill) */
-    for (int blk = 0; blk < D / 64; blk++) {
-        uint4 x[4];
-        u32 sp = 0;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            x[c] = keys ? *(const uint4 *)(src + blk * 64 + ((c + r) & 3) * 16) : make_uint4(0, 0, 0, 0);
-            if constexpr (PA_DTYPE == PA_DT_BF16 && PA_WS_FP8_BITS)
-                sp |= ws_fp8_special<PA_KV>(x[c].x) | ws_fp8_special<PA_KV>(x[c].y) | ws_fp8_special<PA_KV>(x[c].z) |
-                      ws_fp8_special<PA_KV>(x[c].w);
-        }
-        if constexpr (D < 128) asm volatile("bar.sync 6, 128;\n" ::: "memory");
-        const bool bits = PA_DTYPE == PA_DT_BF16 && PA_WS_FP8_BITS && (sp & 0x80808080u) == 0;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int j = blk * 8 + ((c + r) & 3) * 2; /* the first of its two 16-bit chunks */
-            const u32 in[4] = {x[c].x, x[c].y, x[c].z, x[c].w};
-            u32 o[8];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (bits) ws_fp8x4_to_bf16<PA_KV>(in[k], o[2 * k], o[2 * k + 1]);
-                else pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(in[k], o[2 * k], o[2 * k + 1]);
-            }
-            *(uint4 *)(slot + pa_swz(BN, r, j)) = make_uint4(o[0], o[1], o[2], o[3]);
-            *(uint4 *)(slot + pa_swz(BN, r, j + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-        }
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_prefill_ws(const pa_attn_params p, const __grid_constant__ pa_tma_maps maps) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -261,8 +183,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     __shared__ float s_slope[PA_NATURAL ? BM : 1];
     __shared__ __align__(8) u64 bar_q, full_k[PA_STAGES], full_v[PA_STAGES], empty_k[PA_STAGES],
         empty_v[PA_STAGES], v_last;
-    /* fp8: the TMA boxes of a slot have landed (its rows not yet widened) */
-    __shared__ __align__(8) u64 landed_k[FP8 ? PA_STAGES : 1], landed_v[FP8 ? PA_STAGES : 1];
     const u32 raw = pa_smem_addr(smem_raw), base = (raw + 1023u) & ~1023u; /* swizzle period */
     u8 *smem = smem_raw + (base - raw);
     const u32 q_addr = base, k_addr = base + Q_BYTES, v_addr = k_addr + PA_STAGES * KV_BYTES;
@@ -289,13 +209,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
          * (warp 0 issues K/V at once), without it the producer warpgroup */
         mbar_init(&bar_q, q_tma ? 1 : PA_TMA ? 96 : 128);
         for (int s = 0; s < PA_STAGES; s++) {
-            /* TMA: the issuing thread's expect_tx; fp8: an arrival a producer warp, once widened */
-            mbar_init(&full_k[s], FP8 ? 4 : PA_TMA ? 1 : 128);
-            mbar_init(&full_v[s], FP8 ? 4 : PA_TMA ? 1 : 128);
-            if constexpr (FP8) {
-                mbar_init(&landed_k[s], 1);
-                mbar_init(&landed_v[s], 1);
-            }
+            mbar_init(&full_k[s], PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
+            mbar_init(&full_v[s], PA_TMA ? 1 : 128);
             mbar_init(&empty_k[s], 8); /* one arrival per consumer warp */
             mbar_init(&empty_v[s], 8);
         }
@@ -340,56 +255,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
          * boxes of pages past k1 with them where k1 ends a page and GT > 1
          * (a box far past the map's rows), else the warp zeroes them once
          * the boxes have landed (docs/prefill.md). */
-        /* Lane j of warp 0 issues box j of each tile (a tile holds BN /
-         * TMA_ROWS boxes): the boxes' page ids load in parallel, a tile ahead
-         * (the first tile's from the host's list, where it gave one). */
-        auto box_row = [&](int t, int lane) { /* the map row of this lane's box of tile t (0: no box) */
-            const int tok = kbase + t * BN + lane * TMA_ROWS;
-            if (t >= nt || lane >= NBOX || tok >= w.k1) return 0;
-            if (PA_PAGE == -1) return w.cache_row * ps + tok;
-            const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
-            return pid * ps + tok % ps;
-        };
-        if constexpr (FP8) {
-            /* Iteration i: K(i)'s boxes issued, K(i - L) widened, V(i)'s
-             * issued, V(i - L) widened. V(i)'s slot frees once the consumers'
-             * step i - L has run (P V(i - STAGES) retires there), which needs
-             * K(i - L): widened just before. */
-            constexpr int L = PA_STAGES - 1;
-            if (tid >= 32 && !q_tma) load_q(tid - 32, 96);
-            const int lane = tid & 31;
-            int row = tid < 32 ? (first_boxes ? first_row : box_row(0, lane)) : 0, next = 0;
-            auto issue = [&](int t, u64 *empty, u64 *landed, u32 addr, const void *map) {
-                const int s = t % PA_STAGES, nkeys = min(BN, w.k1 - (kbase + t * BN));
-                const int nbox = (nkeys + TMA_ROWS - 1) / TMA_ROWS; /* boxes holding keys */
-                mbar_wait(&empty[s], ((u32)(t / PA_STAGES) & 1u) ^ 1u); /* a fresh barrier passes parity 1 */
-                if (lane == 0) mbar_arrive_expect_tx(&landed[s], (u32)(nbox * TMA_ROWS * D));
-                __syncwarp(); /* the expected bytes before any box lands */
-                if (lane < nbox) tma_load(addr + s * KV_BYTES + KV_BYTES / 2 + lane * TMA_ROWS * D, map, 0, hk, row, &landed[s]);
-            };
-            auto widen = [&](int t, u64 *landed, u64 *full, int slot0) {
-                const int s = t % PA_STAGES;
-                mbar_wait(&landed[s], (u32)(t / PA_STAGES) & 1u);
-                ws_widen_row(smem + Q_BYTES + (slot0 + s) * KV_BYTES, tid, kbase + t * BN + tid < w.k1);
-                pa_fence_proxy_async(); /* the rows -> the consumers' wgmma, and the slot's next boxes */
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&full[s]);
-            };
-            for (int i = 0; i < nt + L; i++) {
-                if (i < nt && tid < 32) {
-                    next = box_row(i + 1, lane); /* used next iteration: its latency hides behind this one */
-                    issue(i, empty_k, landed_k, k_addr, maps.k);
-                }
-                if (i >= L) widen(i - L, landed_k, full_k, 0);
-                if (i < nt && tid < 32) {
-                    issue(i, empty_v, landed_v, v_addr, maps.v);
-                    row = next;
-                }
-                if (i >= L) widen(i - L, landed_v, full_v, PA_STAGES);
-            }
-            pa_cp_async_wait<0>(); /* (Q's copies) nothing in flight when the thread exits */
-            return;
-        }
         if (tid >= 32) {
             if (!q_tma) {
                 load_q(tid - 32, 96);
@@ -397,7 +262,17 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             }
             return;
         }
+        /* Lane j issues box j of each tile (a tile holds BN / TMA_ROWS
+         * boxes): the boxes' page ids load in parallel, a tile ahead (the
+         * first tile's from the host's list, where it gave one). */
         const int lane = tid;
+        auto box_row = [&](int t) { /* the map row of this lane's box of tile t (0: no box) */
+            const int tok = kbase + t * BN + lane * TMA_ROWS;
+            if (t >= nt || lane >= NBOX || tok >= w.k1) return 0;
+            if (PA_PAGE == -1) return w.cache_row * ps + tok;
+            const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
+            return pid * ps + tok % ps;
+        };
         /* this lane's box (cache row `row`, the tile's rows from lane x
          * TMA_ROWS) into the tile at dst: one page box, or a box per 64 columns */
         auto load_box = [&](u32 dst, const void *map, int row, u64 *bar) {
@@ -408,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
                 for (int blk = 0; blk < D / 64; blk++) tma_load(at + blk * KVL::BS, map, blk * 64, hk, row, bar);
             }
         };
-        int row = first_boxes ? first_row : box_row(0, lane);
+        int row = first_boxes ? first_row : box_row(0);
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
             const u32 ph = (u32)(t / PA_STAGES) & 1u;
@@ -416,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             const int nbox = (nkeys + TMA_ROWS - 1) / TMA_ROWS; /* boxes holding keys: never a page past k1 */
             const u32 box_bytes = (D / 64) * TMA_ROWS * 128, bytes = (u32)nbox * box_bytes;
             const u32 ks = k_addr + s * KV_BYTES, vs = v_addr + s * KV_BYTES;
-            const int next = box_row(t + 1, lane); /* used next iteration: its latency hides behind this one */
+            const int next = box_row(t + 1); /* used next iteration: its latency hides behind this one */
             mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
             if (lane == 0) mbar_arrive_expect_tx(&full_k[s], bytes);
             __syncwarp(); /* the expected bytes before any box lands */
@@ -498,10 +373,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope, ctid, 256);
     consumers_sync();
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
-    /* fp8: the scores are q . (k / k_scale), so the key scale joins their
-     * factor (natural units: the scores, below) and the value scale the output */
-    const float kscale = FP8 ? pa_k_scale(p, hk) : 1.f;
-    if constexpr (FP8 && !PA_NATURAL) rs.c2 *= kscale;
     /* tiles every row takes whole run without range checks (uniform over
      * both consumers: the step variants hold different wgmma instructions) */
     __shared__ int s_wr[24];
@@ -561,10 +432,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             for (int n = NK / 8; n < BN / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = -PA_INF;
         }
         release(&empty_k[st]);
-        if constexpr (FP8 && PA_NATURAL) {
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++) s[n][0] *= kscale, s[n][1] *= kscale, s[n][2] *= kscale, s[n][3] *= kscale;
-        }
         pa_wg_softmax<BN, PA_NATURAL, WITH_PV, decltype(masked)::value ? 1 : 0>(p, rs, s, o, pa, kbase + t * BN);
         if constexpr (WITH_PV) release(&empty_v[(t - 1) % PA_STAGES]); /* P V(t - 1) retired in the softmax */
     };
@@ -600,11 +467,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     /* epilogue, each consumer on its own (consumer 0's under consumer 1's
      * last products): its rows of O rounded into its own rows of the Q tile
      * (free: its last S has completed), then out from there */
-    if constexpr (FP8) {
-        const float vscale = pa_v_scale(p, hk);
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) o[n][0] *= vscale, o[n][1] *= vscale, o[n][2] *= vscale, o[n][3] *= vscale;
-    }
     if (p.out_f32) {
         pa_write_rows_f32<D, BM, GT>(p, w, hk, g0, rs, o, R0);
     } else {

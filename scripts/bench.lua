@@ -38,8 +38,7 @@
 --   page 16 over fp8_e4m3 and fp8_e5m2 caches (GB/s count fp8 bytes; "x bf16"
 --   lines: tokens a second against the page-16 bf16 row), the rotary append
 --   writing fp8 (bytes: bf16 k/v read, fp8 written), and each prefill
---   workload at page 16 over an e4m3 cache (TFLOP/s against bf16's; by
---   default, then over a 16-bit copy and on mma.sync: rows "copy", "mma");
+--   workload at page 16 over an e4m3 cache (TFLOP/s against bf16's);
 --   --no-fp8 leaves them out.
 --   scripts/run scripts/bench.lua
 local ffi = require "ffi"
@@ -418,18 +417,14 @@ if run_prefill then
     prefill_notes[#prefill_notes + 1] = note
     print(note)
     if fp8 then
-      -- (the default: prefill_ws widening the fp8 tiles itself; then the
-      -- Hopper kernels over a 16-bit copy of the keys, prefill_fp8 = 1, and
-      -- mma.sync over the fp8 bytes, prefill_fp8 = 0)
+      -- (the default: the Hopper kernels over a 16-bit copy of the keys where
+      -- they apply; and mma.sync over the fp8 bytes, prefill_fp8 = 0)
       local k, w = prefill_time(wl, 16, nil, "fp8_e4m3")
       prefill_row(wl.name .. " fp8_e4m3", layout(16), prefill_flops(wl), k, w)
       local note = string.format("%s page 16, fp8_e4m3 cache: x %.2f bf16's TFLOP/s", wl.name, t[16] / k)
-      local kc, wc = dev:with_tuning({ prefill_fp8 = 1 }, function() return prefill_time(wl, 16, nil, "fp8_e4m3") end)
-      prefill_row(wl.name .. " fp8_e4m3 copy", layout(16), prefill_flops(wl), kc, wc)
       local km, wm = dev:with_tuning({ prefill_fp8 = 0 }, function() return prefill_time(wl, 16, nil, "fp8_e4m3") end)
       prefill_row(wl.name .. " fp8_e4m3 mma", layout(16), prefill_flops(wl), km, wm)
-      note = note .. string.format(" (prefill_fp8 = 1, over a 16-bit copy: x %.2f; 0, mma.sync over the fp8 " ..
-        "bytes: x %.2f)", t[16] / kc, t[16] / km)
+      note = note .. string.format(" (prefill_fp8 = 0, mma.sync over the fp8 bytes: x %.2f)", t[16] / km)
       fp8_notes[#fp8_notes + 1] = note
     end
   end

@@ -245,52 +245,38 @@ describe("#gpu fp8 caches on CUDA", function()
       end)
     end)
 
-    -- prefill_fp8 = 2 (the default): prefill_ws reads the fp8 tiles and
-    -- widens them itself (head dims 64 and 128, TMA boxes, query tiles enough
-    -- for it, or forced: prefill_kernel "ws"); its other calls as with 1.
-    -- prefill_fp8 = 1: where the Hopper kernels would run the call over
-    -- 16-bit caches (sm_90, paged), they run it over a 16-bit copy of the
-    -- keys it reads (pa_dequant first); elsewhere mma.sync over the fp8
-    -- bytes. prefill_fp8 = 0: mma.sync always.
-    for _, cfg in ipairs({ { prefill_fp8 = 2, prefill_kernel = "ws" }, { prefill_fp8 = 2 }, { prefill_fp8 = 1 },
-      { prefill_fp8 = 0 } }) do
-      local mode, forced = cfg.prefill_fp8, cfg.prefill_kernel ~= nil
+    -- prefill_fp8 = 1 (the default): where the Hopper kernels would run the
+    -- call over 16-bit caches (sm_90, paged), they run it over a 16-bit copy
+    -- of the keys it reads (pa_dequant first); elsewhere mma.sync over the
+    -- fp8 bytes. prefill_fp8 = 0: mma.sync always.
+    for _, dequant in ipairs({ 1, 0 }) do
       it("#gpu " .. fmt .. ": prefill and chunked prefill (tensor cores at head dims 64-256; the fallback), prefill_fp8 "
-        .. mode .. (forced and ", prefill_ws forced" or ""), function()
+        .. dequant, function()
         local hits = 0
-        G.with_tuning(dev, cfg, function()
-          run_cases("gpu fp8 prefill " .. fmt .. ({ [0] = " mma", "", " ws" })[mode] .. (forced and " forced" or ""),
-            H.scale(16), function(rng, i)
+        G.with_tuning(dev, { prefill_fp8 = dequant }, function()
+          run_cases("gpu fp8 prefill " .. fmt .. (dequant == 1 and "" or " mma"), H.scale(16), function(rng, i)
             local w = { cache_dtype = fmt, mode = pick(rng, { "prefill", "chunked" }), dtype = pick(rng, { "f16", "bf16" }),
               D = pick(rng, { 64, 128, 256, 80, 40 }), B = rng:int(1, 3), causal = rng:int(1, 3) > 1 }
             if i <= 2 then w.D, w.page_size, w.k_scale, w.mode = 128, 16, "head", "prefill" end -- (the common shape)
-            if forced and i % 4 == 3 then w.D = 64 end
             return w
           end, function(case)
             if dev.kind ~= "cuda" then return end
             local plan = assert(dev:last_plan())
             for line in plan:gmatch("[^\n]+") do
               if line:find("^prefill_w") then
-                if line:find("kv=") then
-                  assert(mode == 2 and line:find("^prefill_ws") and line:find("tma=1"),
-                    "a Hopper prefill kernel over fp8 bytes:\n" .. plan)
-                  assert(not plan:find("| pa_dequant ", 1, true), "prefill_ws over fp8 with a copy:\n" .. plan)
-                else
-                  assert(mode >= 1 and plan:find("| pa_dequant ", 1, true),
-                    "a Hopper prefill kernel without the copy:\n" .. plan)
-                end
-                hits = hits + ((mode == 2) == (line:find("kv=") ~= nil) and 1 or 0)
+                assert(not line:find("kv="), "a Hopper prefill kernel over fp8 bytes:\n" .. plan)
+                assert(dequant == 1 and plan:find("| pa_dequant ", 1, true), "a Hopper prefill kernel without the copy:\n" .. plan)
+                hits = hits + 1
               end
             end
-            if mode == 0 then
+            if dequant == 0 then
               G.expect_plan(dev, "prefill_fp8 = 0: no copy", "pa_dequant", true)
               if case.D % 16 == 0 and case.new[1] > 8 then G.expect_plan(dev, "prefill over fp8", "prefill [^\n]* kv=" .. fmt) end
             end
           end)
         end)
-        if dev.kind == "cuda" and mode >= 1 and (forced or mode == 1) and G.cc_major(dev) >= 9 then
-          assert(hits >= 1, mode == 2 and "prefill_fp8 = 2: no call ran on prefill_ws over the fp8 tiles"
-            or "prefill_fp8 = 1: no call ran on the Hopper kernels over a 16-bit copy")
+        if dev.kind == "cuda" and dequant == 1 and G.cc_major(dev) >= 9 then
+          assert(hits >= 1, "prefill_fp8 = 1: no call ran on the Hopper kernels over a 16-bit copy")
         end
       end)
     end

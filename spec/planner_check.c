@@ -257,7 +257,7 @@ static void dequant_checks(call *c) {
     pa_cuda_tuning d;
     pa_cuda_tuning_set_defaults(&d);
     check_name = "fp8 prefill over a 16-bit copy";
-    EXPECT(d.prefill_fp8 == 2, "prefill_fp8 defaults to 2");
+    EXPECT(d.prefill_fp8 == 1, "prefill_fp8 defaults to 1");
     EXPECT(pa_cuda_dequant_wanted(&c->p, &H100, &d), "wanted on Hopper");
     EXPECT(!pa_cuda_dequant_wanted(&c->p, &A100, &d), "not on an A100");
     d.prefill_fp8 = 0;
@@ -349,16 +349,7 @@ static void catalog_checks(void) {
                    strstr(pa_context_error(ctx), "fp8 caches (kv=) at D 64 or 128"),
                "decode_mma fp8 at D 96: %s", pa_context_error(ctx));
         EXPECT(pa_variant_parse(ctx, "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=2 kv=fp8_e4m3", &a) ==
-                       PA_ERR_ARGUMENT &&
-                   strstr(pa_context_error(ctx), "fp8 caches (kv=) with tma=1 and D 64 or 128"),
-               "prefill_ws over fp8 with page boxes: %s", pa_context_error(ctx));
-        EXPECT(pa_variant_parse(ctx, "prefill_ws dtype=bf16 D=256 gt=4 page=16 stages=2 natural=0 tma=1 kv=fp8_e4m3", &a) ==
-                   PA_ERR_ARGUMENT,
-               "prefill_ws over fp8 at D 256");
-        EXPECT(pa_variant_parse(ctx, "prefill_ws dtype=f16 D=64 gt=1 page=contig stages=4 natural=1 tma=1 kv=fp8_e5m2", &a) ==
-                       PA_OK &&
-                   pa_variant_defines(&a, d) == 8 && strcmp(d[7], "-DPA_KV=5") == 0,
-               "prefill_ws over fp8: %s", pa_context_error(ctx));
+                   PA_ERR_ARGUMENT, "prefill_ws takes no kv");
     }
     /* the rules, partially set: what the planner asks */
     pa_variant v = pa_variant_of(PA_VK_DECODE_MMA);
@@ -622,54 +613,15 @@ static void choice_checks(void) {
            plan.parts[0].kp.variant);
     pa_cuda_plan_free(&plan);
     call_free(&c);
-    /* prefill over fp8: prefill_ws widening the tiles itself (prefill_fp8
-     * 2, the default; whole rows by TMA, no page boxes), else mma.sync over
-     * the fp8 bytes (head dim 256; prefill_fp8 1 or 0, where the copy of
-     * dequant_checks applies first) */
     uniform(&c, 4, 2048, 2048, PA_BF16, 128, 16, true);
     c.p.cache_dtype = PA_FP8_E5M2;
     plan_of("prefill fp8", &c, &H100, NULL, &plan);
-    EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill_ws dtype=bf16 D=128 gt=4 page=16 stages=3 natural=0 tma=1 "
-                                                   "kv=fp8_e5m2"),
-           "%s", plan.parts[0].kp.variant);
-    EXPECT(pa_cuda_fp8_direct(&plan) && pa_cuda_dequant_fits(&plan), "prefill_ws over fp8 needs no copy");
-    pa_cuda_plan_free(&plan);
-    plan_of("prefill fp8 on an A100", &c, &A100, NULL, &plan);
-    EXPECT(has(&plan.parts[0], "prefill dtype=bf16 D=128") && has(&plan.parts[0], "kv=fp8_e5m2"), "%s",
-           plan.parts[0].kp.variant);
-    pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_set_defaults(&t);
-    t.prefill_fp8 = 1;
-    plan_of("prefill fp8, prefill_fp8 1", &c, &H100, &t, &plan);
     EXPECT(plan.nparts == 1 && has(&plan.parts[0], "prefill dtype=bf16 D=128 gt=4 page=16 stages=2 natural=0 minb=2 "
                                                    "kv=fp8_e5m2"),
            "%s", plan.parts[0].kp.variant);
-    EXPECT(!pa_cuda_dequant_fits(&plan) && !pa_cuda_fp8_direct(&plan), "mma.sync over fp8 is not the Hopper kernels");
+    EXPECT(!pa_cuda_dequant_fits(&plan), "mma.sync over fp8 is not the Hopper kernels");
     pa_cuda_plan_free(&plan);
     dequant_checks(&c);
-    call_free(&c);
-    uniform(&c, 4, 2048, 2048, PA_F16, 256, 16, true);
-    c.p.cache_dtype = PA_FP8_E4M3;
-    plan_of("prefill fp8 D 256", &c, &H100, NULL, &plan);
-    EXPECT(has(&plan.parts[0], "prefill dtype=f16 D=256") && has(&plan.parts[0], "kv=fp8_e4m3") &&
-               !pa_cuda_fp8_direct(&plan),
-           "%s", plan.parts[0].kp.variant);
-    pa_cuda_plan_free(&plan);
-    call_free(&c);
-    /* one query tile a sequence (too few for prefill_ws): mma.sync, unless forced */
-    uniform(&c, 1, 128, 2048, PA_BF16, 64, 32, false);
-    c.p.cache_dtype = PA_FP8_E4M3;
-    plan_of("prefill fp8, few tiles", &c, &H100, NULL, &plan);
-    EXPECT(has(&plan.parts[0], "prefill dtype=bf16 D=64") && !pa_cuda_fp8_direct(&plan), "%s",
-           plan.parts[0].kp.variant);
-    pa_cuda_plan_free(&plan);
-    pa_cuda_tuning_set_defaults(&t);
-    t.prefill_kernel = 1;
-    plan_of("prefill fp8, few tiles, prefill_kernel 1", &c, &H100, &t, &plan);
-    EXPECT(has(&plan.parts[0], "prefill_ws dtype=bf16 D=64") && has(&plan.parts[0], "tma=1 kv=fp8_e4m3") &&
-               pa_cuda_fp8_direct(&plan),
-           "%s", plan.parts[0].kp.variant);
-    pa_cuda_plan_free(&plan);
     call_free(&c);
 
     /* the cascade's shared level (256 decodes' queries over a 4096-token

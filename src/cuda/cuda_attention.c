@@ -62,15 +62,6 @@ static pa_status queue(pa_context *ctx, cuda_impl *impl, CUstream stream, const 
  * over 16-bit caches: cuda_dequant.c) of dq's p16 with dq->on. */
 static pa_status plan_call(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, const pa_cuda_caps *caps,
                            const pa_cuda_kernels *kernels, pa_dequant_plan *dq, pa_cuda_plan *plan) {
-    if (dq->on && impl->tuning.prefill_fp8 == 2) { /* prefill_ws on the fp8 tiles first, the copy after */
-        pa_status st = pa_cuda_plan_make(ctx, p, caps, &impl->tuning, kernels, plan);
-        if (st) return st;
-        if (pa_cuda_fp8_direct(plan)) {
-            dq->on = false;
-            return PA_OK;
-        }
-        pa_cuda_plan_free(plan);
-    }
     if (dq->on) {
         pa_status st = pa_cuda_plan_make(ctx, &dq->p16, caps, &impl->tuning, kernels, plan);
         if (st) return st;

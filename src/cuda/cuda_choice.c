@@ -176,21 +176,17 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         const int force = t->prefill_kernel;
         pa_variant h = pa_variant_of(PA_VK_PREFILL_WGMMA);
         pa_variant_set(pa_variant_set(&h, PA_KEY_DTYPE, p->dtype), PA_KEY_D, D);
-        /* fp8 caches: prefill_ws widens the tiles itself (prefill_fp8 2, TMA
-         * boxes, head dims to 128), else mma.sync; where a 16-bit copy of the
-         * keys applies, cuda_dequant.c plans that instead */
+        /* (the Hopper kernels read 16-bit caches only: fp8 on mma.sync; where a
+         * 16-bit copy of the keys applies, cuda_dequant.c plans that instead) */
+        const bool hopper = caps->sm90a && pa_variant_allows(&h) && kv == 0;
         pa_variant tv = pa_variant_of(PA_VK_PREFILL_WS);
-        pa_variant_set(pa_variant_set(pa_variant_set(&tv, PA_KEY_PAGE, page), PA_KEY_TMA, 1), PA_KEY_KV, kv);
-        pa_variant_set(&tv, PA_KEY_D, D);
-        const bool fp8_ws = kv != 0 && t->prefill_fp8 == 2 && caps->tma && t->prefill_tma && s->tma_fits &&
-                            (force == 1 || (force == 0 && s->allow_ws)) && pa_variant_allows(&tv);
-        const bool hopper = caps->sm90a && pa_variant_allows(&h) && (kv == 0 || fp8_ws);
+        pa_variant_set(pa_variant_set(&tv, PA_KEY_PAGE, page), PA_KEY_TMA, 1);
         const bool tma = hopper && caps->tma && t->prefill_tma && pa_variant_allows(&tv) && s->tma_fits;
         const bool ws = hopper && (force ? force == 1 : s->allow_ws && tma);
         const bool wgmma = hopper && !ws && force != 3;
         *v = pa_variant_of(ws ? PA_VK_PREFILL_WS : wgmma ? PA_VK_PREFILL_WGMMA : PA_VK_PREFILL);
         pa_variant_set(v, PA_KEY_DTYPE, p->dtype);
-        if (!hopper || ws) pa_variant_set(v, PA_KEY_KV, kv);
+        if (!hopper) pa_variant_set(v, PA_KEY_KV, kv);
         pa_variant_set(v, PA_KEY_D, D);
         pa_variant_set(v, PA_KEY_GT, gt);
         pa_variant_set(v, PA_KEY_PAGE, page);
@@ -204,7 +200,7 @@ static void choose(const pa_attn_problem *p, const pa_cuda_caps *caps, const pa_
         if (ws) {
             pa_variant bv = pa_variant_of(PA_VK_PREFILL_WS);
             pa_variant_set(pa_variant_set(&bv, PA_KEY_PAGE, page), PA_KEY_TMA, 2);
-            const int tma_kind = !tma ? 0 : p->paged && t->prefill_page_boxes && kv == 0 && pa_variant_allows(&bv) ? 2 : 1;
+            const int tma_kind = !tma ? 0 : p->paged && t->prefill_page_boxes && pa_variant_allows(&bv) ? 2 : 1;
             pa_variant_set(v, PA_KEY_TMA, tma_kind);
             kp->page_boxes = tma_kind == 2;
         } else if (!wgmma) {

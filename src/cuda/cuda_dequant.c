@@ -15,11 +15,7 @@
  * sequences' key counts in the call's upload; the append (if any) writes the
  * fp8 caches first, as ever. Tuning prefill_fp8 = 0 turns it off; a copy
  * larger than prefill_fp8_max_mb (K and V; the scratch keeps its size after
- * the call) leaves the call on the fp8 bytes. With prefill_fp8 = 2 (the
- * default) the plan of the call itself comes first: prefill_ws reads fp8
- * tiles and widens them in shared memory, and the copy serves only calls
- * whose prefill that plan leaves on mma.sync (head dim 256, query tiles too
- * few for the warp-specialised kernel, pages below 16 tokens).
+ * the call) leaves the call on the fp8 bytes.
  */
 #include "cuda_launch.h"
 
@@ -72,14 +68,6 @@ bool pa_cuda_dequant_fits(const pa_cuda_plan *plan) {
     for (int i = 0; i < plan->nparts; i++) {
         const pa_plan_part *pt = &plan->parts[i];
         if (pt->kind != PA_PART_PREFILL || strncmp(pt->kp.variant, "prefill_w", 9) != 0) return false;
-    }
-    return true;
-}
-
-bool pa_cuda_fp8_direct(const pa_cuda_plan *plan) {
-    for (int i = 0; i < plan->nparts; i++) {
-        const pa_plan_part *pt = &plan->parts[i];
-        if (pt->kind == PA_PART_PREFILL && strncmp(pt->kp.variant, "prefill ", 8) == 0) return false;
     }
     return true;
 }

@@ -15,19 +15,14 @@ _Static_assert(sizeof(pa_attn_params) == 240, "pa_attn_params layout");
 _Static_assert(sizeof(pa_append_params) == 184, "pa_append_params layout");
 
 /* One TMA descriptor of the call's dtype (rank 3 or 5): dims innermost
- * first, the strides of the outer ones in bytes, 128-byte swizzle; bytes
- * (an fp8 cache) unswizzled, rows as they are in memory (the kernel widens
- * them into its swizzled layout). */
+ * first, the strides of the outer ones in bytes, 128-byte swizzle. */
 static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, int rank, const void *base, const uint64_t *dims,
-                         const uint64_t *strides, const uint32_t *box, bool bytes, pa_u64 *out) {
-    const int dtype = bytes                ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                      : p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+                         const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
+    const int dtype = p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     const uint32_t unit[5] = {1, 1, 1, 1, 1};
     CUtensorMap m;
     CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, (uint32_t)rank, (void *)base, dims, strides, box, unit,
-                                              CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                              bytes ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
     memcpy(out, m.opaque, sizeof m.opaque);
@@ -38,8 +33,7 @@ static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, int rank, co
  * 3-D (head-dim elements, kv heads, cache rows = page * page_size + slot;
  * contiguous caches: batch row * S_cache + position), boxes of 64 elements x
  * 1 head x kp->tma_rows rows, what the producer loads a page (or tile); with
- * page boxes (tma=2) 5-D, a box of kp->tma_rows rows with all columns;
- * fp8 caches 3-D in bytes, a box of kp->tma_rows whole rows. q,
+ * page boxes (tma=2) 5-D, a box of kp->tma_rows rows with all columns. q,
  * unless it is the rotated f32 copy or the tile's GT heads x QT queries do
  * not fill its 128 rows: (head-dim elements, heads, q rows), boxes of 64
  * elements x GT heads x QT queries, so that the Q tile lands in one
@@ -60,16 +54,11 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const pa_ke
         const uint64_t pdims[5] = {64, 8, D / 64, (uint64_t)p->kv_heads, dims[2] / 8};
         const uint64_t pstrides[4] = {row, 128, D * 2, 8 * row};
         const uint32_t pbox[5] = {64, 8, (uint32_t)(D / 64), 1, (uint32_t)kp->tma_rows / 8};
-        st = tma_map(ctx, p, 5, p->k_cache, pdims, pstrides, pbox, false, out->k);
-        if (st == PA_OK) st = tma_map(ctx, p, 5, p->v_cache, pdims, pstrides, pbox, false, out->v);
-    } else if (pa_dtype_is_fp8(p->cache_dtype)) {
-        const uint64_t bstrides[2] = {D, (uint64_t)p->kv_heads * D};
-        const uint32_t bbox[3] = {(uint32_t)D, 1, (uint32_t)kp->tma_rows};
-        st = tma_map(ctx, p, 3, p->k_cache, dims, bstrides, bbox, true, out->k);
-        if (st == PA_OK) st = tma_map(ctx, p, 3, p->v_cache, dims, bstrides, bbox, true, out->v);
+        st = tma_map(ctx, p, 5, p->k_cache, pdims, pstrides, pbox, out->k);
+        if (st == PA_OK) st = tma_map(ctx, p, 5, p->v_cache, pdims, pstrides, pbox, out->v);
     } else {
-        st = tma_map(ctx, p, 3, p->k_cache, dims, strides, box, false, out->k);
-        if (st == PA_OK) st = tma_map(ctx, p, 3, p->v_cache, dims, strides, box, false, out->v);
+        st = tma_map(ctx, p, 3, p->k_cache, dims, strides, box, out->k);
+        if (st == PA_OK) st = tma_map(ctx, p, 3, p->v_cache, dims, strides, box, out->v);
     }
     /* the tile's rows are GT heads x QT queries, and q rows are int32 coordinates */
     const bool rows = kp->gt * kp->q_tile == 128 && p->total_q < ((int64_t)1 << 31);
@@ -78,14 +67,14 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const pa_ke
     const uint64_t qstrides[2] = {D * 2, (uint64_t)p->heads * D * 2};
     if (out->q_tma) {
         const uint32_t qbox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile};
-        st = tma_map(ctx, p, 3, p->q, qdims, qstrides, qbox, false, out->q);
+        st = tma_map(ctx, p, 3, p->q, qdims, qstrides, qbox, out->q);
     }
     /* (an f32 out, the cascade's levels, leaves from the registers) */
     const bool out16 = p->out_dtype == p->dtype;
     out->o_tma = st == PA_OK && rows && out16 && ((uintptr_t)p->out & 15) == 0 && t->prefill_tma_o;
     if (out->o_tma) {
         const uint32_t obox[3] = {64, (uint32_t)kp->gt, (uint32_t)kp->q_tile / 2};
-        st = tma_map(ctx, p, 3, p->out, qdims, qstrides, obox, false, out->o);
+        st = tma_map(ctx, p, 3, p->out, qdims, qstrides, obox, out->o);
     }
     return st;
 }

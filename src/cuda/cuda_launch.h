@@ -36,9 +36,6 @@ pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, con
                                   pa_dequant_plan *dq);
 /* Whether every part of the plan of p16 runs on a Hopper prefill kernel. */
 bool pa_cuda_dequant_fits(const pa_cuda_plan *plan);
-/* Whether the plan of an fp8 call runs none of its prefill on mma.sync
- * (prefill_fp8 2: then it reads the fp8 caches, with no copy). */
-bool pa_cuda_fp8_direct(const pa_cuda_plan *plan);
 /* The copies in the plan's scratch, the key counts and table in its upload. */
 void pa_cuda_dequant_layout(pa_dequant_plan *dq, const pa_attn_problem *p, pa_cuda_plan *plan);
 void pa_cuda_dequant_write(const pa_dequant_plan *dq, const pa_attn_problem *p, void *host);

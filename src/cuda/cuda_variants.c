@@ -146,17 +146,15 @@ static const kind_def kinds[PA_VK_COUNT] = {
                               {PA_KEY_D, 3, {128, 64, 256}},
                               {PA_KEY_GT, 4, {4, 1, 8, 3}},
                               {PA_KEY_STAGES, 2, {3, 4}}}},
-    [PA_VK_PREFILL_WS] = {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", "pa_prefill_ws", true, 8,
-                          {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL, PA_KEY_TMA,
-                           PA_KEY_KV},
-                          2, 6,
+    [PA_VK_PREFILL_WS] = {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", "pa_prefill_ws", true, 7,
+                          {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL, PA_KEY_TMA},
+                          2, 5,
                           {{PA_KEY_TMA, 3, {0, 1, 2}}, {PA_KEY_PAGE, 6, {16, 256, PA_PAGE_CONTIG, PA_PAGE_ANY, 1, 32}}},
                           {{PA_KEY_DTYPE, 2, {2, 1}},
                            {PA_KEY_D, 3, {128, 64, 256}},
                            {PA_KEY_GT, 3, {4, 1, 8}},
                            {PA_KEY_STAGES, 3, {3, 4, 2}},
-                           {PA_KEY_NATURAL, 2, {0, 1}},
-                           {PA_KEY_KV, 3, {0, PA_FP8_E4M3, PA_FP8_E5M2}}}},
+                           {PA_KEY_NATURAL, 2, {0, 1}}}},
 };
 
 static bool kind_has(pa_vkind kind, pa_vkey key) {
@@ -178,9 +176,6 @@ static bool r_page_boxes(const int32_t *v) { return !(v[PA_KEY_TMA] == 2 && v[PA
 static bool r_tma_page(const int32_t *v) {
     return !(v[PA_KEY_TMA] && v[PA_KEY_PAGE] != PA_PAGE_CONTIG && v[PA_KEY_PAGE] < 16);
 }
-/* fp8 caches: prefill_ws loads whole rows by TMA and widens them in the
- * 16-bit tile of head dims up to 128 (its shared memory holds no more) */
-static bool r_ws_kv(const int32_t *v) { return v[PA_KEY_KV] == 0 || (v[PA_KEY_TMA] == 1 && v[PA_KEY_D] <= 128); }
 static bool r_rows8(const int32_t *v) { return v[PA_KEY_NQ] * v[PA_KEY_GT] <= 8; }
 static bool r_rows16(const int32_t *v) { return v[PA_KEY_NQ] * v[PA_KEY_GT] <= 16; }
 static bool r_mma_shape(const int32_t *v) {
@@ -213,8 +208,6 @@ static const rule rules[] = {
      "tma=2 (page boxes) takes pages of 16 tokens or more"},
     {KIND(PA_VK_PREFILL_WS), K(PA_KEY_TMA) | K(PA_KEY_PAGE), r_tma_page,
      "tma=1 takes contiguous caches or pages of 16 tokens or more"},
-    {KIND(PA_VK_PREFILL_WS), K(PA_KEY_KV) | K(PA_KEY_TMA) | K(PA_KEY_D), r_ws_kv,
-     "prefill_ws takes fp8 caches (kv=) with tma=1 and D 64 or 128"},
     {KIND(PA_VK_DECODE), K(PA_KEY_NQ) | K(PA_KEY_GT), r_rows8, "nq * gt must be <= 8"},
     {KIND(PA_VK_DECODE_MMA), K(PA_KEY_NQ) | K(PA_KEY_GT), r_rows16, "nq * gt must be <= 16"},
     {KIND(PA_VK_DECODE_MMA), K(PA_KEY_DTYPE) | K(PA_KEY_D), r_mma_shape,
