@@ -202,7 +202,9 @@ describe("#gpu fp8 caches on CUDA", function()
         if m[1] == "persistent, eight warps" and G.cc_major(dev) < 9 then want = "" end -- (an A100 takes four)
         local pattern = "decode_mma [^\n]*" .. (want ~= "" and (want:sub(1, 3) == " | " and "kv=" .. fmt .. want
           or want .. "[^\n]* kv=" .. fmt) or "kv=" .. fmt)
-        local n, decodes, hits = H.scale(12), 0, 0
+        -- (six cases at least: at a quarter of the cases, three, a memcheck
+        -- run once planned the forced mode for none of them)
+        local n, decodes, hits = math.max(6, H.scale(12)), 0, 0
         G.with_tuning(dev, m[2], function()
           run_cases("gpu fp8 mode " .. m[1] .. fmt, n, function(rng)
             local hw = m[1]:find("head tile") ~= nil
