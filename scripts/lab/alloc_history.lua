@@ -21,8 +21,6 @@ local rounds = tonumber(arg[2] or "2")
 
 local dev = assert(pa.device(os.getenv("PAGEDATTN_AB_DEVICE") or "cuda"))
 
-local function timed(call) return ab.timed(dev, call) end
-
 print(string.format("alloc_history on %s, %d rounds (kernel us)", dev.description, rounds))
 for step in steps_arg:gmatch("[^,]+") do
   local g, n = step:match("^churn([%d.]+)x?(%d*)$")
@@ -47,7 +45,7 @@ for step in steps_arg:gmatch("[^,]+") do
     local call, _, bytes = sweep.decode_batch(pa, dev, spec, { H = 32, Hk = 8, D = 128, dtype = "bf16",
       page = mode == "u" and 0 or 16, order = mode == "s" and "sequential" or nil })
     local rs = {}
-    for r = 1, rounds do rs[r] = timed(call) end
+    for r = 1, rounds do rs[r] = ab.timed(dev, call) end
     local med = sweep.stats(rs).median
     local txt = {}
     for r, t in ipairs(rs) do txt[r] = string.format("%.1f", t * 1e6) end

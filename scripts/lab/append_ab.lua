@@ -34,15 +34,15 @@ ab.run({
     assert(B, "append_ab: a workload is BxN: '" .. name .. "'")
     local call, kc, vc, bytes = sweep.append_batch(pa, dev, tonumber(B), tonumber(n),
       { H = H, Hk = HK, D = D, dtype = DT, page = 16, kv_dtype = KV })
-    return { dev = dev, kc = kc, vc = vc, bytes = bytes, call = call }
+    return { kc = kc, vc = vc, bytes = bytes, call = call }
   end,
   -- a checksum of the caches' contents after the call into zeroed caches
-  -- (they are up to 2 GiB, past what a Lua string holds)
+  -- (they are up to 2 GiB, past what a Lua string holds; a read waits for
+  -- the device's stream)
   look = function(wl)
     wl.kc:fill(0)
     wl.vc:fill(0)
     wl.call()
-    wl.dev:synchronize()
     local acc = ffi.new("uint64_t", 0)
     for _, t in ipairs({ wl.kc, wl.vc }) do
       local buf = ffi.new("uint8_t[?]", t.nbytes + 8)
