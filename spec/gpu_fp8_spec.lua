@@ -300,11 +300,13 @@ describe("#gpu fp8 caches on CUDA", function()
     -- (rows from 2^-60 to 2^60, rows of zeros, elements far below their
     -- row's largest: the decode kernels scale each score before its max, so
     -- any size that f32 holds; and a bf16 q's MMAs run in f16, each row
-    -- scaled into f16 and P kept below 2^15: docs/fp8.md)
+    -- scaled into f16 and P kept below 2^15: docs/fp8.md; no rotary, as in
+    -- gpu_difftest_spec.lua's rows of 2^-16 to 2^16: the rotated q's one
+    -- rounding to the dtype decides near ties there, at random)
     it("#gpu " .. fmt .. ": decode with query rows of any magnitude", function()
       run_cases("gpu fp8 q range " .. fmt, H.scale(16), function(rng, i)
         -- (reads of at most 8 queries: decode_mma's; more plan a prefill, below)
-        return { cache_dtype = fmt, mode = pick(rng, { "decode", "decode", "read" }), q_range = "wide",
+        return { cache_dtype = fmt, mode = pick(rng, { "decode", "decode", "read" }), q_range = "wide", rotary = false,
           dtype = i % 4 == 0 and "f16" or "bf16", D = pick(rng, { 64, 128 }), group = pick(rng, { 1, 4, 8 }),
           page_size = pick(rng, { 0, 3, 16 }), B = rng:int(1, 6), max_keys = rng:int(1, 4) * 200, sq = rng:int(1, 8),
           form = "kvcache" }
@@ -312,11 +314,11 @@ describe("#gpu fp8 caches on CUDA", function()
     end)
     -- (prefill reads: rows from 2^-16 to 2^16, inside the prefill kernels'
     -- range of scores; past it, docs/prefill.md "Scores past 2^31", and the
-    -- pending test of gpu_difftest_spec.lua; no ALiBi or softcap, as there)
+    -- pending test of gpu_difftest_spec.lua; no ALiBi, softcap or rotary, as there)
     it("#gpu " .. fmt .. ": prefill with query rows from 2^-16 to 2^16", function()
       run_cases("gpu fp8 q range prefill " .. fmt, H.scale(12), function(rng, i)
         local mode = pick(rng, { "prefill", "chunked", "read" })
-        return { cache_dtype = fmt, mode = mode, q_range = 16, alibi = false, softcap = 0,
+        return { cache_dtype = fmt, mode = mode, q_range = 16, alibi = false, softcap = 0, rotary = false,
           dtype = i % 4 == 0 and "f16" or "bf16",
           D = pick(rng, { 64, 128 }), group = pick(rng, { 1, 4 }), page_size = pick(rng, { 0, 3, 16 }),
           B = rng:int(1, 3), max_keys = rng:int(1, 3) * 200, sq = mode == "read" and rng:int(9, 40) or nil, lse = true }
