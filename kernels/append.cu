@@ -669,6 +669,28 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
     rotate_rows(p, (const void *)p.q, off, nh, x, cs, sn, lane, [&](i64 e, double v) { out[e] = (float)v; });
 }
 
+/* Four fp8 values times s, rounded once to q's 16-bit type, where the
+ * product is exact in f32 and in that type (dq_exact_scale): the pass's
+ * arithmetic without pa_mul_f32_odd's residual or a division. */
+__device__ __forceinline__ bool dq_exact_scale(float s) {
+    /* bf16: a power of two within 2^+-64 (an fp8 value has at most 4
+     * significant bits, 2^-16 .. 2^16 in size: the product stays a normal
+     * f32 and bf16 holds it); f16, whose exponents are fewer: 1 only */
+    const u32 e = __float_as_uint(s) >> 23;
+    if constexpr (PA_DTYPE == PA_DT_BF16) return (__float_as_uint(s) & 0x007fffffu) == 0u && e >= 63u && e <= 191u;
+    return s == 1.f;
+}
+template <int KV> __device__ __forceinline__ void dq_exact4(u32 in, float s, u32 &lo, u32 &hi) {
+    if constexpr (PA_DTYPE == PA_DT_BF16) {
+        float x[4];
+        pa_fp8x4_to_f32<KV>(in, x);
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1] * s), "f"(x[0] * s));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3] * s), "f"(x[2] * s));
+    } else {
+        pa_fp8x4_to_b16<KV, PA_DTYPE>(in, lo, hi); /* (s is 1) */
+    }
+}
+
 /* The keys of block-table entry (b, j) = blockIdx.x's, widened from fp8
  * (pa_dequant_params), zeros past the sequence's last key (the entries past
  * its pages are not read): 8 elements a thread at a time, an 8-byte load, each
@@ -678,6 +700,13 @@ template <bool NEW8> __device__ __forceinline__ void append_body(const pa_append
 #define DQ_UNROLL 4
 #ifndef PA_DEQUANT_MUL
 #define PA_DEQUANT_MUL 0
+#endif
+/* (PA_DEQUANT_EXACT) the exact-scale path below: written and compiled for
+ * sm_80 and sm_90a, not yet run on a GPU, so off (off, the machine code is
+ * the path's absence, byte for byte); on by nvrtc_options
+ * "-DPA_DEQUANT_EXACT=1" for the A/B and the fp8 spec (docs/fp8.md) */
+#ifndef PA_DEQUANT_EXACT
+#define PA_DEQUANT_EXACT 0
 #endif
 extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_params p) {
     if constexpr (FP8 && ESZ == 2) {
@@ -703,6 +732,18 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
          * prefill +1% and -6% (rows not alternated): not shown to help, so off
          * (nvrtc_options "-DPA_DEQUANT_MUL=1") */
         const u32 m_per = 0xffffffffu / (u32)per + 1u, m_hk = 0xffffffffu / (u32)p.kv_heads + 1u;
+        /* where the block's threads are a whole number of key rows (every
+         * bench and model shape: 8 kv heads x 128 dims are 128 chunks), a
+         * thread's chunks all sit at one place of a row (c steps by the block
+         * size, n is whole rows), so one kv head: its scales read once, and
+         * where they are exact (dq_exact_scale: 1, the default, and any power
+         * of two for bf16) the values widen without the residual */
+        const bool one_head = blockDim.x % (unsigned)row == 0u;
+        const int hk1 = one_head ? (int)(threadIdx.x % (unsigned)row) / per : 0;
+        const float sk1 = p.k_scales ? ((const float *)p.k_scales)[hk1] : p.k_scale;
+        const float sv1 = p.v_scales ? ((const float *)p.v_scales)[hk1] : p.v_scale;
+        const bool exact_k = PA_DEQUANT_EXACT && one_head && dq_exact_scale(sk1);
+        const bool exact_v = PA_DEQUANT_EXACT && one_head && dq_exact_scale(sv1);
         for (int c0 = threadIdx.x; c0 < 2 * n; c0 += DQ_UNROLL * blockDim.x) {
             uint2 raw[DQ_UNROLL];
 #pragma unroll
@@ -716,6 +757,14 @@ extern "C" __global__ void __launch_bounds__(256) pa_dequant(const pa_dequant_pa
                 if (c >= 2 * n) break;
                 const bool is_v = c >= n;
                 const int cc = is_v ? c - n : c;
+                if (is_v ? exact_v : exact_k) {
+                    const float s = is_v ? sv1 : sk1;
+                    uint4 o;
+                    dq_exact4<PA_KV>(raw[u].x, s, o.x, o.y);
+                    dq_exact4<PA_KV>(raw[u].y, s, o.z, o.w);
+                    *(uint4 *)((char *)(is_v ? p.v_out : p.k_out) + (dst + 8 * (i64)cc) * 2) = o;
+                    continue;
+                }
                 const u32 hd = per == 1 ? (u32)cc : __umulhi((u32)cc, m_per); /* cc / per */
                 const int hk = !(PA_DEQUANT_MUL && p.kv_heads < 4096) ? (cc % row) / per /* (past the bound: divisions) */
                              : p.kv_heads == 1 ? 0 : (int)(hd - __umulhi(hd, m_hk) * (u32)p.kv_heads);
