@@ -18,6 +18,9 @@
 #                     against these in one process each: the fp8 decode (both formats), the prefill
 #                     over the fp8 copy, the fp8 append (ncu, real clocks); then gpu_fp8_spec.lua
 #                     (GPU_RUN_FP8_SCALE of its cases, default 0.3) on that tree's kernels
+# The specs and the memcheck runs side by side, each its own logs (an H100,
+# 16 cores, 2026-12-07: 351 s for both, every process finished):
+#   OUT=$OUT/specs scripts/gpu-run.sh specs & OUT=$OUT/mc scripts/gpu-run.sh memcheck; wait
 # Expects LuaJIT and busted on the PATH (on the lent GPU machines:
 # `. .gpu-deps/env.sh && . scripts/env.sh` first) and a built library (build/).
 #   env: PAGEDATTN_KERNEL_CACHE (default build/kcache: precompiled kernels
