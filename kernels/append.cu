@@ -684,8 +684,9 @@ template <int KV> __device__ __forceinline__ void dq_exact4(u32 in, float s, u32
     if constexpr (PA_DTYPE == PA_DT_BF16) {
         float x[4];
         pa_fp8x4_to_f32<KV>(in, x);
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1] * s), "f"(x[0] * s));
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3] * s), "f"(x[2] * s));
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[i] *= s;
+        pa_f32x4_to_b16<PA_DT_BF16>(x, lo, hi);
     } else {
         pa_fp8x4_to_b16<KV, PA_DTYPE>(in, lo, hi); /* (s is 1) */
     }

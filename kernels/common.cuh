@@ -177,6 +177,18 @@ template <int KV> PA_DEV void pa_fp8x4_to_f32(u32 in, float (&x)[4]) {
     }
 }
 
+/* Four floats rounded to nearest into two packed pairs of the 16-bit type
+ * OUT (f16 or bf16; x[0] in lo's low half). */
+template <int OUT> PA_DEV void pa_f32x4_to_b16(const float (&x)[4], u32 &lo, u32 &hi) {
+    if constexpr (OUT == PA_DT_BF16) {
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1]), "f"(x[0]));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3]), "f"(x[2]));
+    } else {
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1]), "f"(x[0]));
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3]), "f"(x[2]));
+    }
+}
+
 /* Four fp8 bytes as two packed pairs of the 16-bit type OUT (f16 or bf16;
  * element 0 in lo's low half), exactly: every fp8 value is one of theirs
  * (bf16 from f32: exact). */
@@ -186,13 +198,7 @@ template <int KV, int OUT> PA_DEV void pa_fp8x4_to_b16(u32 in, u32 &lo, u32 &hi)
     } else {
         float x[4];
         pa_fp8x4_to_f32<KV>(in, x);
-        if constexpr (OUT == PA_DT_BF16) {
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1]), "f"(x[0]));
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3]), "f"(x[2]));
-        } else {
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(x[1]), "f"(x[0]));
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x[3]), "f"(x[2]));
-        }
+        pa_f32x4_to_b16<OUT>(x, lo, hi);
     }
 }
 
