@@ -41,6 +41,27 @@ for _, n in ipairs(SHAPES) do
   w('                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));')
   w("}")
 end
+-- fp8 (prefill_f8.cu, which defines PA_WGMMA_F8_B, B's type: e4m3 or e5m2):
+-- m64nNk32, A (e4m3) from registers, B K-major from shared memory (8-bit
+-- types take no transpose), f32 accumulators
+w("#ifdef PA_WGMMA_F8_B")
+for _, n in ipairs({ 128 }) do
+  local m = n / 2
+  local regs = {}
+  for i = 0, m - 1 do regs[#regs + 1] = "%" .. i end
+  local dl = "{" .. table.concat(regs, ",") .. "}"
+  local outs = {}
+  for i = 0, m - 1 do outs[#outs + 1] = string.format('"+f"(d[%d][%d])', math.floor(i / 4), i % 4) end
+  local lines = {}
+  for i = 1, #outs, 8 do lines[#lines + 1] = table.concat(outs, ", ", i, math.min(i + 7, #outs)) end
+  w(string.format("PA_DEV void pa_wgmma_rs8_%d(float (&d)[%d][4], const u32 (&a)[4], u64 desc_b, int accumulate) {", n, n / 8))
+  w('    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' .. (m + 5) .. ', 0;\\n"')
+  w(string.format('                 "wgmma.mma_async.sync.aligned.m64n%dk32.f32.e4m3." PA_WGMMA_F8_B " %s, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1;\\n}\\n"', n, dl, m, m + 1, m + 2, m + 3, m + 4))
+  w("                 : " .. table.concat(lines, ",\n                   "))
+  w('                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));')
+  w("}")
+end
+w("#endif")
 -- pa_wgmma_ss<N> / pa_wgmma_rs<N>: the wrapper of shape N
 for _, k in ipairs({ { "ss", "u64 desc_a", "desc_a" }, { "rs", "const u32 (&a)[4]", "a" } }) do
   w(string.format("template <int N> PA_DEV void pa_wgmma_%s(float (&d)[N / 8][4], %s, u64 desc_b, int accumulate) {",

@@ -78,7 +78,8 @@ struct pa_lane_rows {
     int wlo, whi;     /* the warp's tightest range: tiles inside it need no mask */
     int diag0, diag1; /* ALiBi: key position of each row's query */
     float slope0, slope1;
-    float c2;         /* scale * log2(e), or 1 when natural */
+    float c2, c2b;    /* rows R0, R1: scale * log2(e), or 1 when natural (one value
+                         but in prefill_f8.cu, whose rows each carry q's own scale) */
     float m0, m1;     /* running maxima (score units) */
     float l0, l1;     /* this lane's part of the row sums */
 };
@@ -103,7 +104,7 @@ PA_DEV pa_lane_rows pa_lane_rows_init(const pa_attn_params &p, const pa_work &w,
     r.diag1 = w.i0 + R1 / GT + w.seqlen_k - w.seqlen_q;
     r.slope0 = NATURAL ? s_slope[R0] : 0.f;
     r.slope1 = NATURAL ? s_slope[R1] : 0.f;
-    r.c2 = NATURAL ? 1.f : p.scale * PA_LOG2E;
+    r.c2 = r.c2b = NATURAL ? 1.f : p.scale * PA_LOG2E;
     r.m0 = r.m1 = -PA_INF;
     r.l0 = r.l1 = 0.f;
     return r;
@@ -148,13 +149,13 @@ PA_DEV bool pa_softmax_scores(const pa_attn_params &p, pa_lane_rows &r, float (&
     mx1 = pa_quad_max(mx1);
     /* -inf maxima (nothing seen yet) subtract 0: every exponent is -inf -> 0 */
     e0 = mx0 == -PA_INF ? 0.f : mx0 * r.c2;
-    e1 = mx1 == -PA_INF ? 0.f : mx1 * r.c2;
+    e1 = mx1 == -PA_INF ? 0.f : mx1 * r.c2b;
     /* alpha: exactly 1 while the maxima stay, 0 from -inf */
     alpha0 = alpha1 = 1.f;
     const bool rescale = __any_sync(0xffffffffu, mx0 != r.m0 || mx1 != r.m1);
     if (rescale) {
         alpha0 = pa_exp2(r.m0 * r.c2 - e0);
-        alpha1 = pa_exp2(r.m1 * r.c2 - e1);
+        alpha1 = pa_exp2(r.m1 * r.c2b - e1);
         r.l0 *= alpha0;
         r.l1 *= alpha1;
     }
@@ -192,8 +193,8 @@ template <int NG> PA_DEV void pa_p_exp(pa_lane_rows &r, float (&s)[NG][4], float
     for (int n = 0; n < NG; n++) {
         s[n][0] = pa_exp2(fmaf(s[n][0], r.c2, -e0));
         s[n][1] = pa_exp2(fmaf(s[n][1], r.c2, -e0));
-        s[n][2] = pa_exp2(fmaf(s[n][2], r.c2, -e1));
-        s[n][3] = pa_exp2(fmaf(s[n][3], r.c2, -e1));
+        s[n][2] = pa_exp2(fmaf(s[n][2], r.c2b, -e1));
+        s[n][3] = pa_exp2(fmaf(s[n][3], r.c2b, -e1));
         r.l0 += s[n][0] + s[n][1];
         r.l1 += s[n][2] + s[n][3];
     }
@@ -217,8 +218,8 @@ PA_DEV void pa_p_fragment(pa_lane_rows &r, const float (&s)[NG][4], int ks, floa
     for (int h = 0; h < 2; h++) {
         pr[h][0] = pa_exp2(fmaf(s[2 * ks + h][0], r.c2, -e0));
         pr[h][1] = pa_exp2(fmaf(s[2 * ks + h][1], r.c2, -e0));
-        pr[h][2] = pa_exp2(fmaf(s[2 * ks + h][2], r.c2, -e1));
-        pr[h][3] = pa_exp2(fmaf(s[2 * ks + h][3], r.c2, -e1));
+        pr[h][2] = pa_exp2(fmaf(s[2 * ks + h][2], r.c2b, -e1));
+        pr[h][3] = pa_exp2(fmaf(s[2 * ks + h][3], r.c2b, -e1));
         r.l0 += pr[h][0] + pr[h][1];
         r.l1 += pr[h][2] + pr[h][3];
     }
@@ -239,7 +240,7 @@ PA_DEV void pa_lane_rows_end(pa_lane_rows &r, float &inv0, float &inv1) {
 /* Then the log2-sum-exp of row R0 (k = 0) or R0 + 8 (k = 1); -inf: no key. */
 PA_DEV float pa_lane_lse2(const pa_lane_rows &r, int k) {
     const float m = k ? r.m1 : r.m0;
-    return m == -PA_INF ? -PA_INF : m * r.c2 + pa_log2(k ? r.l1 : r.l0);
+    return m == -PA_INF ? -PA_INF : m * (k ? r.c2b : r.c2) + pa_log2(k ? r.l1 : r.l0);
 }
 
 /* Epilogue: the lane's rows of O, normalised, into s_o (f32, row stride

@@ -74,20 +74,32 @@ PA_DEV void pa_interior_tiles(const int *s_w, int nwarps, int kbase, int bn, int
  * P V of the previous tile may still run (WITH_PV): P in place of the
  * scores; then, once that P V has retired, O rescaled and P packed into pa
  * for the next P V. */
-template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO>
-PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
-                          u32 (&pa)[BN / 16][4], int kt) {
+/* LIFT: P times 2^LIFT (prefill_f8.cu: P in e4m3 keeps its small values);
+ * pack(s, pa): P into the fragments of the next P V (NP of them). */
+template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO, int LIFT, int NP, class Pack>
+PA_DEV void pa_wg_softmax_with(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
+                               u32 (&pa)[NP][4], int kt, Pack pack) {
     float e0, e1, alpha0, alpha1;
     const bool rescale = pa_softmax_scores<BN / 8, NATURAL, MASK>(p, rs, s, kt, e0, e1, alpha0, alpha1);
-    pa_p_exp<BN / 8>(rs, s, e0, e1);
+    if constexpr (LIFT != 0) pa_p_exp<BN / 8>(rs, s, e0 - (float)LIFT, e1 - (float)LIFT);
+    else pa_p_exp<BN / 8>(rs, s, e0, e1);
     if constexpr (WITH_PV) {
         pa_wgmma_wait<0>();
         pa_fence_operands(o);
         pa_fence_operands(pa); /* P(t - 1) stayed live (and untouched) until P V(t - 1) retired */
     }
     if (rescale) pa_rescale_o(o, alpha0, alpha1);
+    pack(s, pa);
+}
+template <int BN, int NATURAL, bool WITH_PV, int MASK, int NO>
+PA_DEV void pa_wg_softmax(const pa_attn_params &p, pa_lane_rows &rs, float (&s)[BN / 8][4], float (&o)[NO][4],
+                          u32 (&pa)[BN / 16][4], int kt) {
+    pa_wg_softmax_with<BN, NATURAL, WITH_PV, MASK, NO, 0>(p, rs, s, o, pa, kt,
+                                                          [](const float (&x)[BN / 8][4], u32 (&a)[BN / 16][4]) {
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ks++) pa_pack_p<BN / 8>(s, ks, pa[ks]);
+                                                              for (int ks = 0; ks < BN / 16; ks++)
+                                                                  pa_pack_p<BN / 8>(x, ks, a[ks]);
+                                                          });
 }
 
 /* P V of the last tile, issued and waited for. */

@@ -425,6 +425,17 @@ if run_prefill then
       local km, wm = dev:with_tuning({ prefill_fp8 = 0 }, function() return prefill_time(wl, 16, nil, "fp8_e4m3") end)
       prefill_row(wl.name .. " fp8_e4m3 mma", layout(16), prefill_flops(wl), km, wm)
       note = note .. string.format(" (prefill_fp8 = 0, mma.sync over the fp8 bytes: x %.2f)", t[16] / km)
+      -- prefill_fp8 = 2: Q and P in e4m3 on the fp8 tensor cores (prefill_f8;
+      -- its error: scripts/lab/prefill_f8_error.lua, docs/fp8.md)
+      local ok8, k8, w8 = pcall(dev.with_tuning, dev, { prefill_fp8 = 2 }, function()
+        return prefill_time(wl, 16, nil, "fp8_e4m3")
+      end)
+      if ok8 and (dev:last_plan() or ""):find("| pa_prefill_f8 ", 1, true) then
+        prefill_row(wl.name .. " fp8_e4m3 f8", layout(16), prefill_flops(wl), k8, w8)
+        note = note .. string.format("; prefill_fp8 = 2, Q and P in e4m3: x %.2f", t[16] / k8)
+      else
+        note = note .. "; prefill_fp8 = 2: not applied" .. (ok8 and "" or " (" .. tostring(k8) .. ")")
+      end
       fp8_notes[#fp8_notes + 1] = note
     end
   end

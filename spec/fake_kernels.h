@@ -58,6 +58,11 @@ static void fake_info(const char *variant, int info[4]) {
         info[2] = bn;
         info[3] = 128 / gt > 0 ? 128 / gt : 1;
         info[1] = stages * bn * D * 2 * 2 + 128 * D * 2;
+    } else if (fake_kind_is(variant, "prefill_f8")) { /* (prefill_f8.cu: Q 16-bit, K and V^T tiles of one byte) */
+        info[0] = 384;
+        info[2] = 128;
+        info[3] = 128 / gt > 0 ? 128 / gt : 1;
+        info[1] = 1024 + 128 * D * 2 + 2 * stages * 128 * D;
     } else if (fake_kind_is(variant, "prefill_wgmma")) {
         const int bn = D <= 128 ? 64 : 32;
         info[0] = 256; /* (the same query tile as prefill_ws: the planner swaps one for the other) */

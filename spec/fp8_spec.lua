@@ -257,6 +257,35 @@ describe("attention with fp8 caches on the CPU against the reference", function(
   -- A Lua model of that, byte for byte, on both formats, non-power-of-two
   -- scales per head, both rotary layouts (one with dims past rotary_dim),
   -- and values that saturate, underflow, or are not finite.
+  -- The checker of the e4m3 tensor-core prefill (tuning prefill_fp8 = 2,
+  -- CUDA only; spec/gpu_fp8_spec.lua): q as that path rounds it, and a bound
+  -- that an exact-q computation (the CPU's) breaks, so it can fail.
+  it("check.q_e4m3 rounds rows as the e4m3 prefill does; check.run_e4m3 rejects an exact q", function()
+    local D = 128
+    local q = {}
+    for i = 1, D do q[i] = i == 1 and 3 or 0.01 * i end -- amax 3: times 2^6 into [128, 256)
+    for i = 1, D do q[D + i] = 0 end
+    for i = 1, D do q[2 * D + i] = (i % 2 == 0 and -1 or 1) * 2 ^ -130 * i end -- tiny: E clamped to 8, times 2^126
+    local e = check.q_e4m3(q, D)
+    assert.are.equal(3, e[1])
+    assert.are.equal(1.25 / 64, e[2]) -- 1.28 -> 1.25 (e4m3 steps of 1/8 in [1, 2))
+    assert.are.equal(1, e[100])
+    assert.are.equal(80 / 64, e[128]) -- 81.92 -> 80 (steps of 8 in [64, 128))
+    assert.are.equal(0, e[D + 1])
+    assert.are.equal(-2 ^ -129, e[2 * D + 2]) -- 2^-3 after the factor: exact
+    local failed = 0
+    for seed = 1, 4 do
+      local rng = ref.rng(seed)
+      local case = check.random_case(rng, { cache_dtype = "fp8_e4m3", form = "kvcache", mode = "prefill",
+        dtype = "bf16", D = 128, page_size = 16, B = 2, group = 4, causal = true, new = 40,
+        softcap = false, alibi = false, rotary = false, q_e4m3 = true, lse = true })
+      local r = check.run(case, cpu, rng)
+      assert.truthy(r.report:find("out (q in e4m3)", 1, true), r.report)
+      if not r.ok then failed = failed + 1 end
+    end
+    assert.are.equal(4, failed)
+  end)
+
   it("the append stores the f32 definition, byte for byte (a Lua model)", function()
     local f32 = ref.rounder("f32")
     -- a * b + c rounded once to f32: a * b is exact in double (a bf16 times

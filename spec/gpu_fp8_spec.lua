@@ -283,6 +283,31 @@ describe("#gpu fp8 caches on CUDA", function()
       end)
     end
 
+    -- prefill_fp8 = 2: the e4m3 tensor cores (prefill_f8: Q and P in e4m3)
+    -- where they apply (sm_90, head dim 128, paged, no softcap or ALiBi, more
+    -- than 8 queries a sequence: every case here), judged by
+    -- check.run_e4m3's bound (not the tolerance rule: q and P lose bits).
+    it("#gpu " .. fmt .. ": prefill on the e4m3 tensor cores (prefill_fp8 = 2), within the bound of q and P in e4m3",
+      function()
+      if dev.kind ~= "cuda" or G.cc_major(dev) < 9 then
+        pending("prefill_f8 runs on sm_90 only (this device: " .. tostring(dev.kind) .. ")")
+        return
+      end
+      G.with_tuning(dev, { prefill_fp8 = 2 }, function()
+        run_cases("gpu fp8 prefill e4m3 " .. fmt, H.scale(8), function(rng, i)
+          local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "prefill", "chunked" }),
+            dtype = pick(rng, { "f16", "bf16" }), D = 128, page_size = pick(rng, { 16, 1, 5, 256, 32 }),
+            B = rng:int(1, 3), group = pick(rng, { 1, 4 }), causal = rng:int(1, 3) > 1, new = rng:int(9, 140),
+            max_keys = 400, softcap = false, alibi = false, rotary = false, q_e4m3 = true }
+          if i <= 2 then w.page_size, w.k_scale, w.mode, w.new = 16, "head", "prefill", 260 end -- (several tiles)
+          return w
+        end, function(case)
+          G.expect_plan(dev, "prefill_fp8 = 2: the e4m3 tensor cores", "| pa_prefill_f8 ")
+          G.expect_plan(dev, "prefill_fp8 = 2: the tiles", "| pa_f8_tiles ")
+        end)
+      end)
+    end)
+
     it("#gpu " .. fmt .. ": reading with duplicate pages, varlen mixes, every masking option, splits", function()
       run_cases("gpu fp8 mixed " .. fmt, H.scale(24), function(rng, i)
         local w = { cache_dtype = fmt, dtype = pick(rng, { "f16", "bf16" }) }

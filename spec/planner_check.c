@@ -311,6 +311,42 @@ static void dequant_checks(call *c) {
     d.prefill_fp8_max_mb = 31;
     EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && !dq.on && !dq.h_table, "a copy of 32 MiB past 31");
     pa_cuda_dequant_free(&dq);
+    d.prefill_fp8_max_mb = 1024;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && dq.on && !dq.f8, "prefill_fp8 1: no tiles");
+    pa_cuda_dequant_free(&dq);
+    /* prefill_fp8 = 2: the e4m3 tensor cores (prefill_f8) take the parts of
+     * the plan on prefill_ws (as cuda_attention.c plans it: forced), with
+     * the call's scales, over tiles of 128 keys (16 a sequence here, 16 KB a
+     * tile, K's and V^T's); not with softcap (natural units) */
+    d.prefill_fp8 = 2;
+    c->p.k_scale = 0.5f;
+    c->p.v_scale = 0.25f;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && dq.on && dq.f8 && dq.ntile == 16 &&
+               dq.tile_bytes == (size_t)4 * 8 * 16 * 16384,
+           "tiles: %d, %zu bytes", dq.ntile, dq.tile_bytes);
+    pa_cuda_tuning ws = d;
+    ws.prefill_kernel = 1;
+    EXPECT(pa_cuda_plan_make(ctx, &dq.p16, &H100, &ws, &fake, &plan) == PA_OK, "%s", pa_context_error(ctx));
+    EXPECT(pa_cuda_dequant_fits(&plan), "fits");
+    EXPECT(pa_cuda_dequant_f8(ctx, &fake, &d, &c->p, &dq, &plan) == PA_OK && dq.f8, "%s", pa_context_error(ctx));
+    for (int i = 0; i < plan.nparts; i++) {
+        const pa_kernel_plan *kp = &plan.parts[i].kp;
+        EXPECT(has(&plan.parts[i], "prefill_f8 dtype=bf16 D=128 gt=") && has(&plan.parts[i], " stages=4 kv=fp8_e") &&
+                   has(&plan.parts[i], pa_dtype_name(c->p.cache_dtype)) &&
+                   strcmp(kp->entry, "pa_prefill_f8") == 0 && kp->threads == 384 && kp->tma_rows == 0 &&
+                   plan.parts[i].boxes0 == -1,
+               "part %d: %s | %s", i, kp->variant, kp->entry);
+    }
+    EXPECT(dq.copy_bytes == dq.tile_bytes && dq.p16.k_scale == 0.5f && dq.p16.v_scale == 0.25f && dq.f8_variant,
+           "the tiles and the call's scales");
+    pa_cuda_plan_free(&plan);
+    pa_cuda_dequant_free(&dq);
+    c->p.softcap = 30.f;
+    EXPECT(pa_cuda_dequant_problem(ctx, &c->p, &d, &dq) == PA_OK && dq.on && !dq.f8, "softcap: the copy");
+    pa_cuda_dequant_free(&dq);
+    c->p.softcap = 0.f;
+    c->p.k_scale = c->p.v_scale = 1.f;
+    d.prefill_fp8 = 1;
     pa_context_destroy(ctx);
 }
 

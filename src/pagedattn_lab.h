@@ -129,7 +129,8 @@ typedef struct pa_cuda_tuning {
     int32_t prefill_tma_o;           /* ws with TMA: 1 O stored by TMA where it may; 0 16-byte stores */
     int32_t prefill_first_boxes;     /* ws with TMA, paged: 1 the host lists the first tile's boxes; 0 */
     int32_t prefill_order;           /* ws: 1 blocks by sequence, longest first; 0 longest first over all */
-    int32_t prefill_fp8;             /* fp8 caches: 1 prefill on the Hopper kernels over a 16-bit copy; 0 mma.sync */
+    int32_t prefill_fp8;             /* fp8 caches: 1 prefill on the Hopper kernels over a 16-bit copy; 2 on the
+                                        e4m3 tensor cores where they apply (prefill_f8), else as 1; 0 mma.sync */
     int32_t prefill_fp8_max_mb;      /* ... where the copy (K and V) takes at most this many MiB (1024) */
     /* cascade */
     int32_t cascade_overlap;         /* 1: the shared level on a second stream beside the suffix level; 0 one stream */

@@ -97,6 +97,7 @@ function check.random_case(rng, want)
     c.rotary = want.rotary
   end
   c.q_range = want.q_range -- (no draw: other cases draw what they drew before)
+  c.q_e4m3 = want.q_e4m3 -- (check.run_e4m3: the e4m3 tensor-core prefill; no draw)
   w("lse", chance(rng, 0.7))
   w("num_splits", chance(rng, 0.2) and rng:int(1, 5) or 0)
   w("softmax_scale", chance(rng, 0.1) and 0.3 or nil)
@@ -281,7 +282,7 @@ local function build(c, rng)
   end
   o.causal = c.causal or nil
   o.window_size = c.window
-  o.softcap = c.softcap
+  o.softcap = c.softcap or nil -- (false: none, as nil)
   o.softmax_scale = c.softmax_scale
   -- the scales, as f32 numbers (what the device uses): one, or one per kv head
   if fp8 then
@@ -367,6 +368,7 @@ function check.run(c, device, rng)
   local fn = c.form == "varlen" and pa.attention_varlen or pa.attention_with_kvcache
   local out, lse = fn(q, kc, vc, dopts)
   assert(out, lse)
+  if c.q_e4m3 then return check.run_e4m3(c, inputs, q, kc, vc, out, lse) end
 
   -- reference: exact (f64) and naive (in the dtype), each on its own caches
   -- (copies of the inputs, or of `given` caches that hold the append already)
@@ -434,6 +436,109 @@ function check.run(c, device, rng)
   end
   r.report = table.concat(lines, "; ")
   if c.keep then r.got_out, r.exact_out, r.q = got_out, exact_out.data, inputs.q end -- (lab scripts: per-row looks)
+  return r
+end
+
+-- q as the e4m3 tensor-core prefill (tuning prefill_fp8 = 2) rounds it:
+-- each row (a query's head, D elements) times 2^c, the power of two that
+-- brings its largest |element| into [128, 256) (c from that element's f32
+-- exponent E, clamped to 8 .. 254: 2^c = 2^(134 - E)), rounded to e4m3
+-- (nearest even, saturating), and divided by 2^c again. q: the values of the
+-- device's q (its dtype's); returns a new table.
+function check.q_e4m3(q, D)
+  local scaled, muls = {}, {}
+  for r0 = 0, #q - 1, D do
+    local amax = 0
+    for d = 1, D do amax = math.max(amax, math.abs(q[r0 + d])) end
+    local E = 0
+    if amax >= 2 ^ -126 then
+      local _, e = math.frexp(amax)
+      E = e + 126
+    end
+    local mul = 2 ^ (134 - math.min(math.max(E, 8), 254))
+    muls[#muls + 1] = mul
+    for d = 1, D do scaled[r0 + d] = q[r0 + d] * mul end
+  end
+  local cpu = assert(pa.device("cpu"))
+  local q8 = assert(pa.from_table(scaled, nil, "fp8_e4m3", cpu)):to_table()
+  for i = 1, #q8 do q8[i] = q8[i] / muls[math.floor((i - 1) / D) + 1] end
+  return q8
+end
+
+-- check.run for a case with q_e4m3 set (the e4m3 tensor-core prefill): its
+-- out against the float64 reference over q as that path rounds it
+-- (check.q_e4m3) and the device's caches (after its append, checked as in
+-- check.run). What remains is P in e4m3: each p_j times (1 + d_j), |d_j| <=
+-- 2^-4 (2^-18 absolutely, subnormals, in units of the row's largest p), the
+-- row sum exact, so an element of out may move by 2^-4 sum_j p_j |v_j| /
+-- sum_j p_j (the reference over |v|) + keys x 2^-18 x max |v|; plus the
+-- rounding of out to its dtype (an ulp of the reference) and the f32 sums'
+-- (2^-12 of the |v| term, far above them). lse (from the unrounded p):
+-- 1e-4 + 2^-14 |lse|.
+function check.run_e4m3(c, inputs, q, kc, vc, out, lse)
+  local dt, cdt = c.dtype, c.cache_dtype
+  local got_k, got_v = kc:to_table(), vc:to_table()
+  local r = { case = c }
+  if c.append then
+    local ek, ev = ref.copy(inputs.k_cache), ref.copy(inputs.v_cache)
+    local o = { precision = "f64", cache_dtype = cdt, write_cache = true }
+    for k, v in pairs(inputs.opts) do o[k] = v end
+    local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
+    rfn(inputs.q, ek, ev, o)
+    r.cache_excess = math.max(excess_over_ulp(got_k, ek.data, cdt), excess_over_ulp(got_v, ev.data, cdt))
+  end
+  local q8 = ref.tensor(inputs.q.shape, check.q_e4m3(q:to_table(), c.D))
+  local function ref_run(vabs)
+    local o = { precision = "f64", cache_dtype = cdt, write_cache = false }
+    for k, v in pairs(inputs.opts) do o[k] = v end
+    local v_data = {}
+    for i, x in ipairs(got_v) do v_data[i] = vabs and math.abs(x) or x end
+    local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
+    return rfn(q8, ref.tensor(inputs.k_cache.shape, got_k), ref.tensor(inputs.v_cache.shape, v_data), o)
+  end
+  local exact_out, exact_lse = ref_run(false)
+  local abs_out = ref_run(true)
+  local vmax, keys = 0, 0
+  for _, x in ipairs(got_v) do if math.abs(x) > vmax then vmax = math.abs(x) end end
+  local vsc, smax = inputs.opts.v_scale, 1
+  if type(vsc) == "number" then smax = vsc
+  elseif type(vsc) == "table" then smax = 0; for _, x in ipairs(vsc.data) do smax = math.max(smax, x) end end
+  vmax = vmax * smax
+  for b = 1, c.B do keys = math.max(keys, (c.before[b] or 0) + (c.new[b] or 0)) end
+  local got_out = out:to_table()
+  local ulp = 2 ^ -MANTISSA_BITS[dt]
+  local worst, worst_tol, err = -math.huge, 0, 0
+  for i, y in ipairs(exact_out.data) do
+    local x = got_out[i]
+    local tol = (2 ^ -4 + 2 ^ -12) * abs_out.data[i] + keys * 2 ^ -18 * vmax + ulp * math.abs(y)
+    local d = math.abs(x - y)
+    if x ~= x or y ~= y then d = (x ~= x and y ~= y) and 0 or math.huge end
+    if d - tol > worst then worst, worst_tol, err = d - tol, tol, d end
+  end
+  r.out_err, r.out_tol = err, worst_tol
+  r.out_max = ref.max_abs_diff(got_out, exact_out.data)
+  r.ok = worst <= 0
+  local lines = { string.format("out (q in e4m3): max |err| %.3g; worst element %.3g against its bound %.3g", r.out_max,
+    err, worst_tol) }
+  if c.lse then
+    local gl = lse:to_table()
+    r.lse_err = 0
+    local lworst = -math.huge
+    for i, y in ipairs(exact_lse.data) do
+      local d = math.abs(gl[i] - y)
+      if gl[i] ~= y and (y ~= y or gl[i] ~= gl[i] or math.abs(y) == math.huge) then d = math.huge end
+      r.lse_err = math.max(r.lse_err, d)
+      lworst = math.max(lworst, d - (1e-4 + 2 ^ -14 * math.abs(y)))
+    end
+    r.ok = r.ok and lworst <= 0
+    lines[#lines + 1] = string.format("lse: max |err| %.3g (bound 1e-4 + 2^-14 |lse|)", r.lse_err)
+  end
+  if c.append then
+    r.ok = r.ok and r.cache_excess == 0
+    lines[#lines + 1] = r.cache_excess == 0 and "caches: match" or
+      string.format("caches: differ by %.3g beyond one rounding step", r.cache_excess)
+  end
+  r.report = table.concat(lines, "; ")
   return r
 end
 

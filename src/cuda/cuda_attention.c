@@ -62,6 +62,17 @@ static pa_status queue(pa_context *ctx, cuda_impl *impl, CUstream stream, const 
  * over 16-bit caches: cuda_dequant.c) of dq's p16 with dq->on. */
 static pa_status plan_call(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, const pa_cuda_caps *caps,
                            const pa_cuda_kernels *kernels, pa_dequant_plan *dq, pa_cuda_plan *plan) {
+    if (dq->on && dq->f8) { /* prefill_f8 takes prefill_ws's work items: planned on it */
+        pa_cuda_tuning ws = impl->tuning;
+        ws.prefill_kernel = 1;
+        pa_status st = pa_cuda_plan_make(ctx, &dq->p16, caps, &ws, kernels, plan);
+        if (st) return st;
+        if (pa_cuda_dequant_fits(plan)) st = pa_cuda_dequant_f8(ctx, kernels, &impl->tuning, p, dq, plan);
+        else dq->f8 = false;
+        if (st == PA_OK && dq->f8) return PA_OK;
+        pa_cuda_plan_free(plan);
+        if (st) return st;
+    }
     if (dq->on) {
         pa_status st = pa_cuda_plan_make(ctx, &dq->p16, caps, &impl->tuning, kernels, plan);
         if (st) return st;
@@ -99,7 +110,8 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     const char *append_entry = plan.append_new8 ? "pa_append_new8" : "pa_append";
     if (plan.append && plan.append_grid > 0) st = pa_cuda_function(ctx, impl, append_mod, append_entry, 0, &append_fn);
     if (st == PA_OK && dq.on) {
-        st = pa_cuda_function(ctx, impl, append_mod, "pa_dequant", 0, &dequant_fn);
+        st = dq.f8 ? pa_cuda_function(ctx, impl, dq.f8_module, "pa_f8_tiles", 0, &dequant_fn)
+                   : pa_cuda_function(ctx, impl, append_mod, "pa_dequant", 0, &dequant_fn);
         pa_cuda_dequant_layout(&dq, p, &plan);
     }
     if (st == PA_OK) pa_cuda_append_scales_layout(p, &plan);

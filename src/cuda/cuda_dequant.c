@@ -16,6 +16,13 @@
  * fp8 caches first, as ever. Tuning prefill_fp8 = 0 turns it off; a copy
  * larger than prefill_fp8_max_mb (K and V; the scratch keeps its size after
  * the call) leaves the call on the fp8 bytes.
+ *
+ * prefill_fp8 = 2 (opt-in): where every part would run on prefill_ws (planned
+ * so: the tuning forces it) at head dim 128 without softcap or ALiBi, the
+ * parts run prefill_f8 instead, the products on the e4m3 tensor cores, over
+ * tiles that its pa_f8_tiles entry writes in place of the copy (K as it is,
+ * V transposed: prefill_f8.cu), with the call's own scales. Q and P in e4m3
+ * are not within the tolerance rule (docs/fp8.md states the error).
  */
 #include "cuda_launch.h"
 
@@ -46,6 +53,15 @@ pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, con
     const size_t n = (size_t)p->batch * (size_t)width;
     const size_t copy = n * (size_t)p->page_size * (size_t)p->kv_heads * (size_t)p->head_dim * pa_dtype_size(p->dtype);
     if (2 * copy > ((size_t)t->prefill_fp8_max_mb << 20)) return PA_OK; /* (the scratch would hold it after the call) */
+    /* the tiles (prefill_fp8 = 2): 128 keys x 128 bytes a tile, K and V^T;
+     * 16-byte rows for its copies */
+    const int64_t ntile = (width * p->page_size + 127) / 128;
+    dq->f8 = t->prefill_fp8 == 2 && p->head_dim == 128 && p->softcap <= 0.f && !p->alibi && p->scale > 0.f &&
+             (((uintptr_t)p->k_cache | (uintptr_t)p->v_cache) & 15) == 0 &&
+             (int64_t)p->batch * p->kv_heads * ntile <= INT32_MAX;
+    dq->ntile = (int32_t)ntile;
+    dq->tile_bytes = (size_t)p->batch * (size_t)p->kv_heads * (size_t)ntile * 16384u;
+    if (dq->f8 && 2 * dq->tile_bytes > ((size_t)t->prefill_fp8_max_mb << 20)) dq->f8 = false;
     dq->width = (int32_t)width;
     dq->h_table = malloc((n > 0 ? n : 1) * sizeof(int32_t));
     if (!dq->h_table) return pa_fail(ctx, PA_ERR_OUT_OF_MEMORY, "attention: %zu bytes of host memory", n * 4);
@@ -70,6 +86,54 @@ bool pa_cuda_dequant_fits(const pa_cuda_plan *plan) {
         if (pt->kind != PA_PART_PREFILL || strncmp(pt->kp.variant, "prefill_w", 9) != 0) return false;
     }
     return true;
+}
+
+pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa_cuda_tuning *t,
+                             const pa_attn_problem *p, pa_dequant_plan *dq, pa_cuda_plan *plan) {
+    if (!dq->f8) return PA_OK;
+    for (int i = 0; i < plan->nparts; i++) {
+        const pa_kernel_plan *kp = &plan->parts[i].kp;
+        if (!kp->ws || !strstr(kp->variant, " natural=0")) {
+            dq->f8 = false;
+            return PA_OK;
+        }
+    }
+    for (int i = 0; i < plan->nparts; i++) {
+        pa_plan_part *pt = &plan->parts[i];
+        pa_kernel_plan *kp = &pt->kp;
+        pa_variant v = pa_variant_of(PA_VK_PREFILL_F8);
+        pa_variant_set(pa_variant_set(&v, PA_KEY_DTYPE, p->dtype), PA_KEY_D, 128);
+        pa_variant_set(pa_variant_set(&v, PA_KEY_GT, kp->gt), PA_KEY_KV, p->cache_dtype);
+        pa_variant_set(&v, PA_KEY_STAGES, t->prefill_stages > 0 ? pa_variant_clamp(&v, PA_KEY_STAGES, t->prefill_stages) : 4);
+        char name[96];
+        pa_cuda_loaded m;
+        void *fn = NULL;
+        int blocks = 0;
+        if (!pa_variant_name(&v, name, sizeof name) || !pa_variant_allows(&v))
+            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill_fp8 = 2 chose a kernel that does not exist (%s)", name);
+        pa_status st = k->load(k->user, ctx, name, &m);
+        if (st == PA_OK) st = k->occupancy(k->user, ctx, &m, "pa_prefill_f8", m.info[0], m.info[1], &fn, &blocks);
+        if (st) return st;
+        if (blocks < 1)
+            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: %s does not fit on a SM (%d bytes of shared memory)", name,
+                           m.info[1]);
+        kp->variant = m.name;
+        kp->entry = "pa_prefill_f8";
+        kp->fn = fn;
+        kp->threads = m.info[0];
+        kp->smem = m.info[1];
+        kp->tma_rows = 0; /* (no tensor maps, no first boxes) */
+        kp->page_boxes = false;
+        pt->boxes0 = -1;
+        dq->f8_module = m.module;
+        dq->f8_variant = m.name;
+    }
+    dq->copy_bytes = dq->tile_bytes;
+    dq->p16.k_scale = p->k_scale;
+    dq->p16.v_scale = p->v_scale;
+    dq->p16.k_scales = p->k_scales;
+    dq->p16.v_scales = p->v_scales;
+    return PA_OK;
 }
 
 void pa_cuda_dequant_layout(pa_dequant_plan *dq, const pa_attn_problem *p, pa_cuda_plan *plan) {

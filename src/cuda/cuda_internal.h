@@ -236,7 +236,7 @@ typedef struct pa_kernel_source {
     const char *text;
     size_t len;
 } pa_kernel_source;
-#define PA_KERNEL_SOURCES 19
+#define PA_KERNEL_SOURCES 21
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]);
 
 /* ---- cuda_blas.c: the bf16 matmul ceiling by cuBLAS (opened at run time) ----

@@ -26,6 +26,16 @@ typedef struct pa_dequant_plan {
     int32_t *h_table;   /* the copy's block table on the host */
     CUdeviceptr seqlen; /* the key counts on the device (bound at the upload) */
     pa_attn_problem p16;
+    /* tuning prefill_fp8 = 2: the e4m3 tensor cores (prefill_f8.cu) where
+     * they apply. f8 wanted (then p16 is planned on prefill_ws), and once
+     * adopted (pa_cuda_dequant_f8) the copy is pa_f8_tiles's tiles, each
+     * part runs prefill_f8 over them with p's scales, and the widening is
+     * pa_f8_tiles of f8_module */
+    bool f8;
+    int32_t ntile;        /* 128-key tiles a (sequence, kv head) */
+    size_t tile_bytes;    /* the K tiles' (and the V^T tiles') bytes */
+    void *f8_module;      /* (pa_kmodule) */
+    const char *f8_variant;
 } pa_dequant_plan;
 
 /* Whether a call may take it (then the plan of p16 decides: fits). */
@@ -36,6 +46,11 @@ pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, con
                                   pa_dequant_plan *dq);
 /* Whether every part of the plan of p16 runs on a Hopper prefill kernel. */
 bool pa_cuda_dequant_fits(const pa_cuda_plan *plan);
+/* Where dq->f8 is wanted and every part of the plan (of p16, on prefill_ws)
+ * may run on prefill_f8: the parts' kernels swapped, dq->f8 kept; else
+ * dq->f8 false (the plan to be made again without forcing prefill_ws). */
+pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa_cuda_tuning *t,
+                             const pa_attn_problem *p, pa_dequant_plan *dq, pa_cuda_plan *plan);
 /* The copies in the plan's scratch, the key counts and table in its upload. */
 void pa_cuda_dequant_layout(pa_dequant_plan *dq, const pa_attn_problem *p, pa_cuda_plan *plan);
 void pa_cuda_dequant_write(const pa_dequant_plan *dq, const pa_attn_problem *p, void *host);

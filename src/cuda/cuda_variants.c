@@ -155,6 +155,14 @@ static const kind_def kinds[PA_VK_COUNT] = {
                            {PA_KEY_GT, 3, {4, 1, 8}},
                            {PA_KEY_STAGES, 3, {3, 4, 2}},
                            {PA_KEY_NATURAL, 2, {0, 1}}}},
+    [PA_VK_PREFILL_F8] = {"prefill_f8", "prefill_f8.cu", "pa_prefill_f8_info", NULL, true, 5,
+                          {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_STAGES, PA_KEY_KV},
+                          1, 4,
+                          {{PA_KEY_KV, 2, {PA_FP8_E4M3, PA_FP8_E5M2}}},
+                          {{PA_KEY_DTYPE, 2, {2, 1}},
+                           {PA_KEY_D, 1, {128}},
+                           {PA_KEY_GT, 3, {4, 1, 8}},
+                           {PA_KEY_STAGES, 3, {4, 2, 3}}}},
 };
 
 static bool kind_has(pa_vkind kind, pa_vkey key) {
@@ -198,6 +206,9 @@ static bool r_hopper_shape(const int32_t *v) {
 /* (stages: what a block's shared memory holds, and the least each pipeline works with) */
 static bool r_stages4(const int32_t *v) { return v[PA_KEY_STAGES] <= 4; }
 static bool r_wgmma_stages(const int32_t *v) { return v[PA_KEY_STAGES] >= 3 && v[PA_KEY_STAGES] <= 4; }
+static bool r_f8_shape(const int32_t *v) {
+    return v[PA_KEY_DTYPE] != 0 && v[PA_KEY_D] == 128 && v[PA_KEY_KV] != 0;
+}
 static bool r_ws_stages(const int32_t *v) {
     return v[PA_KEY_STAGES] <= (v[PA_KEY_D] <= 64 ? 4 : v[PA_KEY_D] <= 128 ? 3 : 2);
 }
@@ -228,6 +239,9 @@ static const rule rules[] = {
      "prefill_ws takes f16 or bf16 and D 64, 128 or 256"},
     {KIND(PA_VK_PREFILL), K(PA_KEY_STAGES), r_stages4, "prefill takes stages 2 to 4"},
     {KIND(PA_VK_PREFILL_WGMMA), K(PA_KEY_STAGES), r_wgmma_stages, "prefill_wgmma takes stages 3 or 4"},
+    {KIND(PA_VK_PREFILL_F8), K(PA_KEY_DTYPE) | K(PA_KEY_D) | K(PA_KEY_KV), r_f8_shape,
+     "prefill_f8 takes f16 or bf16, D 128 and an fp8 cache (kv=)"},
+    {KIND(PA_VK_PREFILL_F8), K(PA_KEY_STAGES), r_stages4, "prefill_f8 takes stages 2 to 4"},
     {KIND(PA_VK_PREFILL_WS), K(PA_KEY_STAGES) | K(PA_KEY_D), r_ws_stages,
      "prefill_ws holds stages 2 to 4 at D 64, 2 to 3 at 128, 2 at 256"},
 };

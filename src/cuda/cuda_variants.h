@@ -28,6 +28,7 @@ typedef enum pa_vkind {
     PA_VK_PREFILL_WGMMA,
     PA_VK_PREFILL_WS,
     PA_VK_MERGE, /* pa_merge_states and the cascade's row copy (kernels/merge.cu) */
+    PA_VK_PREFILL_F8, /* prefill on the e4m3 tensor cores over fp8 caches (tuning prefill_fp8 = 2) */
     PA_VK_COUNT
 } pa_vkind;
 

@@ -31,7 +31,9 @@
 #include "../../kernels/prefill_wgmma.cuh"
 #include "../../kernels/prefill.cu"
 #include "../../kernels/prefill_wgmma.cu"
+#include "../../kernels/ws_common.cuh"
 #include "../../kernels/prefill_ws.cu"
+#include "../../kernels/prefill_f8.cu"
 #include "../../kernels/merge.cu"
 #undef PA_EMBED_ONLY
 
@@ -65,7 +67,9 @@ EMBED(wgmma_ops, "wgmma_ops.cuh")
 EMBED(prefill_wgmma_h, "prefill_wgmma.cuh")
 EMBED(prefill, "prefill.cu")
 EMBED(prefill_wgmma, "prefill_wgmma.cu")
+EMBED(ws_common, "ws_common.cuh")
 EMBED(prefill_ws, "prefill_ws.cu")
+EMBED(prefill_f8, "prefill_f8.cu")
 EMBED(merge, "merge.cu")
 
 int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
@@ -87,7 +91,9 @@ int pa_kernel_sources(pa_kernel_source out[PA_KERNEL_SOURCES]) {
         {"prefill_wgmma.cuh", pa_ksrc_prefill_wgmma_h, (size_t)(pa_ksrc_prefill_wgmma_h_end - pa_ksrc_prefill_wgmma_h)},
         {"prefill.cu", pa_ksrc_prefill, (size_t)(pa_ksrc_prefill_end - pa_ksrc_prefill)},
         {"prefill_wgmma.cu", pa_ksrc_prefill_wgmma, (size_t)(pa_ksrc_prefill_wgmma_end - pa_ksrc_prefill_wgmma)},
+        {"ws_common.cuh", pa_ksrc_ws_common, (size_t)(pa_ksrc_ws_common_end - pa_ksrc_ws_common)},
         {"prefill_ws.cu", pa_ksrc_prefill_ws, (size_t)(pa_ksrc_prefill_ws_end - pa_ksrc_prefill_ws)},
+        {"prefill_f8.cu", pa_ksrc_prefill_f8, (size_t)(pa_ksrc_prefill_f8_end - pa_ksrc_prefill_f8)},
         {"merge.cu", pa_ksrc_merge, (size_t)(pa_ksrc_merge_end - pa_ksrc_merge)},
     };
     memcpy(out, table, sizeof table);
