@@ -286,6 +286,24 @@ describe("attention with fp8 caches on the CPU against the reference", function(
     assert.are.equal(4, failed)
   end)
 
+  -- The bound is sound for P in e4m3 (the rest of check.run_e4m3's bound,
+  -- the scores' own error, is the GPU's): the reference's model of the
+  -- kernel's P (opts.p_e4m3: each p times 2^8 rounded to e4m3) stays within
+  -- it on random cases, the caches' ranges (saturating, subnormal), scales,
+  -- windows, GQA, pages and both formats included.
+  it("check.run_e4m3's bound holds for the reference's model of P in e4m3", function()
+    for i = 1, H.scale(12) do
+      local seed = H.seed("e4m3 bound", i)
+      local rng = ref.rng(seed)
+      local case = check.random_case(rng, { cache_dtype = i % 2 == 0 and "fp8_e5m2" or "fp8_e4m3", form = "kvcache",
+        mode = i % 3 == 0 and "chunked" or "prefill", dtype = i % 4 < 2 and "bf16" or "f16", D = 128,
+        page_size = ({ 16, 1, 5, 256 })[i % 4 + 1], B = rng:int(1, 2), group = ({ 1, 4 })[i % 2 + 1],
+        new = rng:int(9, 60), max_keys = 160, softcap = false, alibi = false, rotary = false, q_e4m3 = "emulate" })
+      local r = check.run(case, cpu, rng)
+      assert(r.ok, string.format("%s\n  case: %s\n  seed: %d", r.report, check.describe(case), seed))
+    end
+  end)
+
   it("the append stores the f32 definition, byte for byte (a Lua model)", function()
     local f32 = ref.rounder("f32")
     -- a * b + c rounded once to f32: a * b is exact in double (a bf16 times

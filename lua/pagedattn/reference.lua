@@ -356,6 +356,13 @@ local function parse_common(opts, B, H, Hk, D)
     c.R = rounder(opts.precision, "precision")
     c.A = ROUNDERS.f32 -- the accumulator of the naive matrix products
   end
+  -- p_e4m3 (f64 only): P as the e4m3 tensor-core prefill (CUDA tuning
+  -- prefill_fp8 = 2) holds it in P V, each p relative to the row's largest,
+  -- times 2^8, rounded to e4m3 and divided again; the row sum unrounded
+  if opts.p_e4m3 then
+    assert(not c.R, "reference: p_e4m3 takes precision f64")
+    c.p8 = rounder("fp8_e4m3", "p_e4m3")
+  end
   c.store = rounder(opts.cache_dtype, "cache_dtype")
   c.k_scale = parse_scale(opts.k_scale, Hk, "k_scale")
   c.v_scale = parse_scale(opts.v_scale, Hk, "v_scale")
@@ -555,8 +562,9 @@ local function attend_seq(c, s, qd, kd, vd, outd, lsed, H, D, scr)
           sum = sum + e
         end
         lse = m + log(sum)
+        local P8 = c.p8
         for idx = 1, n do
-          local p = sc[idx] / sum
+          local p = P8 and P8(sc[idx] * 256) / 256 / sum or sc[idx] / sum
           local vo = offs[jlo + idx] + hk * D
           if R then
             p = R(p)
