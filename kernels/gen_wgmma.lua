@@ -15,17 +15,21 @@ w([[/*
 #define PA_WGMMA_OPS_CUH
 #ifndef PA_EMBED_ONLY
 ]])
-local SHAPES = { 32, 64, 128, 256 }
-for _, n in ipairs(SHAPES) do
+-- The n / 2 accumulators of an m64nN product: the asm's register list and
+-- its output operands (8 a line)
+local function accumulators(n)
   local m = n / 2
   local regs = {}
   for i = 0, m - 1 do regs[#regs + 1] = "%" .. i end
-  local dl = "{" .. table.concat(regs, ",") .. "}"
   local outs = {}
   for i = 0, m - 1 do outs[#outs + 1] = string.format('"+f"(d[%d][%d])', math.floor(i / 4), i % 4) end
   local lines = {}
   for i = 1, #outs, 8 do lines[#lines + 1] = table.concat(outs, ", ", i, math.min(i + 7, #outs)) end
-  local outl = table.concat(lines, ",\n                   ")
+  return m, "{" .. table.concat(regs, ",") .. "}", table.concat(lines, ",\n                   ")
+end
+local SHAPES = { 32, 64, 128, 256 }
+for _, n in ipairs(SHAPES) do
+  local m, dl, outl = accumulators(n)
   -- SS
   w(string.format("PA_DEV void pa_wgmma_ss_%d(float (&d)[%d][4], u64 desc_a, u64 desc_b, int accumulate) {", n, n / 8))
   w('    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' .. (m + 2) .. ', 0;\\n"')
@@ -46,18 +50,11 @@ end
 -- types take no transpose), f32 accumulators
 w("#ifdef PA_WGMMA_F8_B")
 for _, n in ipairs({ 128 }) do
-  local m = n / 2
-  local regs = {}
-  for i = 0, m - 1 do regs[#regs + 1] = "%" .. i end
-  local dl = "{" .. table.concat(regs, ",") .. "}"
-  local outs = {}
-  for i = 0, m - 1 do outs[#outs + 1] = string.format('"+f"(d[%d][%d])', math.floor(i / 4), i % 4) end
-  local lines = {}
-  for i = 1, #outs, 8 do lines[#lines + 1] = table.concat(outs, ", ", i, math.min(i + 7, #outs)) end
+  local m, dl, outl = accumulators(n)
   w(string.format("PA_DEV void pa_wgmma_rs8_%d(float (&d)[%d][4], const u32 (&a)[4], u64 desc_b, int accumulate) {", n, n / 8))
   w('    asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %' .. (m + 5) .. ', 0;\\n"')
   w(string.format('                 "wgmma.mma_async.sync.aligned.m64n%dk32.f32.e4m3." PA_WGMMA_F8_B " %s, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1;\\n}\\n"', n, dl, m, m + 1, m + 2, m + 3, m + 4))
-  w("                 : " .. table.concat(lines, ",\n                   "))
+  w("                 : " .. outl)
   w('                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));')
   w("}")
 end

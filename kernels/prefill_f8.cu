@@ -69,6 +69,9 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= NTHREADS * LAUNCH_REG
 
 extern "C" __constant__ int pa_prefill_f8_info[4] = {NTHREADS, SMEM, BN, QT};
 
+/* 128-key tiles a (sequence, kv head): of `width` pages of page_size */
+PA_DEV int f8_ntile(i64 width, int page_size) { return (int)((width * page_size + BN - 1) / BN); }
+
 /* The key (of its tile) at byte position pos of a V^T row: within each 32,
  * the order in which a lane's S accumulators (columns 8 i + 2 t4 + {0, 1})
  * fill its e4m3 A fragment (bytes 4 t4 .. 4 t4 + 3, then 16 + the same). */
@@ -79,7 +82,7 @@ PA_DEV int f8_key(int pos) {
 
 extern "C" __global__ void __launch_bounds__(256) pa_f8_tiles(const pa_dequant_params p) {
     __shared__ __align__(16) u8 s_v[BN * D]; /* the V tile as the cache holds it, [keys][dims] */
-    const int ntile = (int)(((i64)p.width * p.page_size + BN - 1) / BN);
+    const int ntile = f8_ntile(p.width, p.page_size);
     const int tile = (int)(blockIdx.x % (unsigned)ntile), bh = (int)(blockIdx.x / (unsigned)ntile);
     const int hk = bh % p.kv_heads, b = bh / p.kv_heads;
     const int seqlen = ((const int *)p.seqlen)[b];
@@ -192,12 +195,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_f8(const pa
     if (tid == 0) {
         s_w = ((const pa_work *)p.work)[item];
         mbar_init(&bar_q, 96); /* producer warps 1-3 */
-        for (int s = 0; s < PA_STAGES; s++) {
-            mbar_init(&full_k[s], 1); /* the issuing thread's expect_tx */
-            mbar_init(&full_v[s], 1);
-            mbar_init(&empty_k[s], 8); /* one arrival per consumer warp */
-            mbar_init(&empty_v[s], 8);
-        }
+        mbar_init_rings(full_k, full_v, empty_k, empty_v, 1); /* the issuing thread's expect_tx */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -211,8 +209,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_f8(const pa
         if (tid >= 32) {
             pa_prefill_load_q<BM, GT, D>(p, w, hk, g0, tid - 32, 96, [&](int r, int c) { return smem + pa_swz(BM, r, c); });
             if (p.q_f32) {
-                pa_fence_proxy_async(); /* (the consumers read Q with ld.shared; harmless) */
-                mbar_arrive(&bar_q);
+                mbar_arrive(&bar_q); /* release: the stores (the consumers read Q with ld.shared, no proxy fence) */
             } else {
                 mbar_arrive_cp_async(&bar_q);
                 pa_cp_async_wait<0>();
@@ -220,7 +217,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1) pa_prefill_f8(const pa
             return;
         }
         if (tid != 0) return;
-        const int ntile = (int)(((i64)p.bt_stride * p.page_size + BN - 1) / BN);
+        const int ntile = f8_ntile(p.bt_stride, p.page_size); /* (bt_stride: the 16-bit plan's width) */
         const u8 *kt0 = (const u8 *)p.k_cache + (((i64)w.b * p.kv_heads + hk) * ntile + kbase / BN) * TILE;
         const u8 *vt0 = (const u8 *)p.v_cache + (kt0 - (const u8 *)p.k_cache);
         for (int t = 0; t < nt; t++) {

@@ -140,12 +140,7 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         /* Q by TMA: this thread's expect_tx; else with TMA warps 1-3 load Q
          * (warp 0 issues K/V at once), without it the producer warpgroup */
         mbar_init(&bar_q, q_tma ? 1 : PA_TMA ? 96 : 128);
-        for (int s = 0; s < PA_STAGES; s++) {
-            mbar_init(&full_k[s], PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
-            mbar_init(&full_v[s], PA_TMA ? 1 : 128);
-            mbar_init(&empty_k[s], 8); /* one arrival per consumer warp */
-            mbar_init(&empty_v[s], 8);
-        }
+        mbar_init_rings(full_k, full_v, empty_k, empty_v, PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
         mbar_init(&v_last, 1); /* TMA: the last tile's V, before its rows past k1 are zeroed */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         if (q_tma) { /* the whole Q tile at once, rows (query, head) as pa_swz lays them out */

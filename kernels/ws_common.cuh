@@ -17,6 +17,19 @@ PA_DEV void mbar_arrive(u64 *bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(pa_smem_addr(bar))
                  : "memory");
 }
+/* The K and V rings of STAGES slots: each slot's "full" barrier takes
+ * full_count arrivals (the producer's), its "empty" one an arrival per
+ * consumer warp (two warpgroups: 8). */
+template <int STAGES>
+PA_DEV void mbar_init_rings(u64 (&full_k)[STAGES], u64 (&full_v)[STAGES], u64 (&empty_k)[STAGES],
+                            u64 (&empty_v)[STAGES], int full_count) {
+    for (int s = 0; s < STAGES; s++) {
+        mbar_init(&full_k[s], full_count);
+        mbar_init(&full_v[s], full_count);
+        mbar_init(&empty_k[s], 8);
+        mbar_init(&empty_v[s], 8);
+    }
+}
 /* one arrival once every cp.async this thread issued before has landed */
 PA_DEV void mbar_arrive_cp_async(u64 *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(pa_smem_addr(bar)) : "memory");

@@ -337,7 +337,8 @@ static void dequant_checks(call *c) {
                    plan.parts[i].boxes0 == -1,
                "part %d: %s | %s", i, kp->variant, kp->entry);
     }
-    EXPECT(dq.copy_bytes == dq.tile_bytes && dq.p16.k_scale == 0.5f && dq.p16.v_scale == 0.25f && dq.f8_variant,
+    EXPECT(dq.copy_bytes == dq.tile_bytes && dq.p16.k_scale == 0.5f && dq.p16.v_scale == 0.25f &&
+               pa_cuda_dequant_grid(&dq, 4) == 4 * 8 * 16 && strcmp(pa_cuda_dequant_entry(&dq), "pa_f8_tiles") == 0,
            "the tiles and the call's scales");
     pa_cuda_plan_free(&plan);
     pa_cuda_dequant_free(&dq);

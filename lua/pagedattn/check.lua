@@ -342,6 +342,24 @@ local function excess_over_ulp(a, b, dtype)
   return worst
 end
 
+-- The reference's call of case c over q and the caches given (reference
+-- tensors; written to where o.write_cache), with the case's options and
+-- those of o: returns out, lse.
+local function reference(c, inputs, q, k_cache, v_cache, o)
+  o.cache_dtype = c.cache_dtype or c.dtype
+  for k, v in pairs(inputs.opts) do o[k] = v end
+  local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
+  return rfn(q, k_cache, v_cache, o)
+end
+
+-- The largest of a scale option: a number, or a reference tensor of them.
+local function largest_scale(x)
+  if type(x) ~= "table" then return x or 1 end
+  local m = 0
+  for _, s in ipairs(x.data) do m = math.max(m, s) end
+  return m
+end
+
 -- Runs a case on `device` and on the reference; returns a result table:
 --   ok, report (one line per quantity), and the errors and tolerances.
 function check.run(c, device, rng)
@@ -373,11 +391,9 @@ function check.run(c, device, rng)
   -- reference: exact (f64) and naive (in the dtype), each on its own caches
   -- (copies of the inputs, or of `given` caches that hold the append already)
   local function ref_run(precision, given_k, given_v)
-    local o = { precision = precision, cache_dtype = cdt, write_cache = given_k == nil }
-    for k, v in pairs(inputs.opts) do o[k] = v end
     local k_cache, v_cache = ref.copy(given_k or inputs.k_cache), ref.copy(given_v or inputs.v_cache)
-    local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
-    local rout, rlse = rfn(inputs.q, k_cache, v_cache, o)
+    local rout, rlse = reference(c, inputs, inputs.q, k_cache, v_cache,
+      { precision = precision, write_cache = given_k == nil })
     return rout, rlse, k_cache, v_cache
   end
   local exact_out, exact_lse, exact_k, exact_v = ref_run("f64")
@@ -482,20 +498,15 @@ function check.run_e4m3(c, inputs, q, kc, vc, out, lse)
   local r = { case = c }
   if c.append then
     local ek, ev = ref.copy(inputs.k_cache), ref.copy(inputs.v_cache)
-    local o = { precision = "f64", cache_dtype = cdt, write_cache = true }
-    for k, v in pairs(inputs.opts) do o[k] = v end
-    local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
-    rfn(inputs.q, ek, ev, o)
+    reference(c, inputs, inputs.q, ek, ev, { precision = "f64", write_cache = true })
     r.cache_excess = math.max(excess_over_ulp(got_k, ek.data, cdt), excess_over_ulp(got_v, ev.data, cdt))
   end
   local q8 = ref.tensor(inputs.q.shape, check.q_e4m3(q:to_table(), c.D))
   local function ref_run(vabs, p_e4m3)
-    local o = { precision = "f64", cache_dtype = cdt, write_cache = false, p_e4m3 = p_e4m3 }
-    for k, v in pairs(inputs.opts) do o[k] = v end
     local v_data = {}
     for i, x in ipairs(got_v) do v_data[i] = vabs and math.abs(x) or x end
-    local rfn = c.form == "varlen" and ref.attention_varlen or ref.attention_with_kvcache
-    return rfn(q8, ref.tensor(inputs.k_cache.shape, got_k), ref.tensor(inputs.v_cache.shape, v_data), o)
+    return reference(c, inputs, q8, ref.tensor(inputs.k_cache.shape, got_k), ref.tensor(inputs.v_cache.shape, v_data),
+      { precision = "f64", write_cache = false, p_e4m3 = p_e4m3 })
   end
   local exact_out, exact_lse = ref_run(false)
   local abs_out = ref_run(true)
@@ -506,10 +517,7 @@ function check.run_e4m3(c, inputs, q, kc, vc, out, lse)
   end
   local vmax, keys = 0, 0
   for _, x in ipairs(got_v) do if math.abs(x) > vmax then vmax = math.abs(x) end end
-  local vsc, smax = inputs.opts.v_scale, 1
-  if type(vsc) == "number" then smax = vsc
-  elseif type(vsc) == "table" then smax = 0; for _, x in ipairs(vsc.data) do smax = math.max(smax, x) end end
-  vmax = vmax * smax
+  vmax = vmax * largest_scale(inputs.opts.v_scale)
   for b = 1, c.B do keys = math.max(keys, (c.before[b] or 0) + (c.new[b] or 0)) end
   -- the scores: fp8 wgmma accumulates with about 14 bits (DeepSeek-V3's
   -- measurement on H800s), so each score within 2^-12 of sum_d |q_d k_d|
@@ -524,9 +532,7 @@ function check.run_e4m3(c, inputs, q, kc, vc, out, lse)
     end
     return best
   end
-  local ksc, kmax = inputs.opts.k_scale, 1
-  if type(ksc) == "number" then kmax = ksc
-  elseif type(ksc) == "table" then kmax = 0; for _, x in ipairs(ksc.data) do kmax = math.max(kmax, x) end end
+  local kmax = largest_scale(inputs.opts.k_scale)
   local scale = inputs.opts.softmax_scale or 1 / math.sqrt(c.D)
   local delta = 2 ^ -12 * scale * max_row_norm(q8.data) * max_row_norm(got_k) * kmax
   local ulp = 2 ^ -MANTISSA_BITS[dt]

@@ -110,8 +110,7 @@ static pa_status attend(pa_context *ctx, cuda_impl *impl, const pa_attn_problem 
     const char *append_entry = plan.append_new8 ? "pa_append_new8" : "pa_append";
     if (plan.append && plan.append_grid > 0) st = pa_cuda_function(ctx, impl, append_mod, append_entry, 0, &append_fn);
     if (st == PA_OK && dq.on) {
-        st = dq.f8 ? pa_cuda_function(ctx, impl, dq.f8_module, "pa_f8_tiles", 0, &dequant_fn)
-                   : pa_cuda_function(ctx, impl, append_mod, "pa_dequant", 0, &dequant_fn);
+        st = pa_cuda_function(ctx, impl, dq.f8 ? dq.f8_module : append_mod, pa_cuda_dequant_entry(&dq), 0, &dequant_fn);
         pa_cuda_dequant_layout(&dq, p, &plan);
     }
     if (st == PA_OK) pa_cuda_append_scales_layout(p, &plan);

@@ -79,6 +79,12 @@ pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, con
     return PA_OK;
 }
 
+const char *pa_cuda_dequant_entry(const pa_dequant_plan *dq) { return dq->f8 ? "pa_f8_tiles" : "pa_dequant"; }
+
+int64_t pa_cuda_dequant_grid(const pa_dequant_plan *dq, int32_t batch) {
+    return dq->f8 ? (int64_t)batch * dq->p16.kv_heads * dq->ntile : (int64_t)batch * dq->width;
+}
+
 bool pa_cuda_dequant_fits(const pa_cuda_plan *plan) {
     if (plan->nparts < 1) return false;
     for (int i = 0; i < plan->nparts; i++) {
@@ -126,7 +132,6 @@ pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa
         kp->page_boxes = false;
         pt->boxes0 = -1;
         dq->f8_module = m.module;
-        dq->f8_variant = m.name;
     }
     dq->copy_bytes = dq->tile_bytes;
     dq->p16.k_scale = p->k_scale;

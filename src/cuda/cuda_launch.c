@@ -174,11 +174,13 @@ static pa_status launch_dequant(pa_context *ctx, CUstream stream, const pa_attn_
     dp.k_scales = (pa_u64)(uintptr_t)p->k_scales;
     dp.v_scales = (pa_u64)(uintptr_t)p->v_scales;
     void *args[] = {&dp};
-    /* (pa_f8_tiles: a block a (sequence, kv head, tile)) */
-    const unsigned grid = (unsigned)(dq->f8 ? (int64_t)p->batch * p->kv_heads * dq->ntile : (int64_t)p->batch * dq->width);
+    const unsigned grid = (unsigned)pa_cuda_dequant_grid(dq, p->batch);
     CUresult r = pa_cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, args, NULL);
-    if (r != CUDA_SUCCESS)
-        return pa_cu_fail(ctx, r, dq->f8 ? "cuLaunchKernel(pa_f8_tiles)" : "cuLaunchKernel(pa_dequant)", __FILE__, __LINE__);
+    if (r != CUDA_SUCCESS) {
+        char what[48];
+        snprintf(what, sizeof what, "cuLaunchKernel(%s)", pa_cuda_dequant_entry(dq));
+        return pa_cu_fail(ctx, r, what, __FILE__, __LINE__);
+    }
     return PA_OK;
 }
 
@@ -275,8 +277,9 @@ int pa_cuda_records(const pa_cuda_plan *plan, const char *append_variant, const 
         out[n++] = (pa_cuda_launch_record){append_variant, append_entry, plan->append_grid, 256, 0, 0, 0, plan->append_split,
                                            false, false, false, false, 0, 0, 0};
     if (dq && dq->on && batch > 0) {
-        const int64_t grid = dq->f8 ? (int64_t)batch * dq->p16.kv_heads * dq->ntile : (int64_t)batch * dq->width;
-        out[n++] = (pa_cuda_launch_record){dq->f8 ? dq->f8_variant : append_variant, dq->f8 ? "pa_f8_tiles" : "pa_dequant",
+        /* (the f8 tiles: an entry of the parts' module) */
+        const int64_t grid = pa_cuda_dequant_grid(dq, batch);
+        out[n++] = (pa_cuda_launch_record){dq->f8 ? plan->parts[0].kp.variant : append_variant, pa_cuda_dequant_entry(dq),
                                            grid, 256, 0, grid, 0, 0, false, false, false, false, 0, 0, 0};
     }
     for (int i = 0; i < plan->nparts; i++) {

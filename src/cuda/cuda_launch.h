@@ -35,7 +35,6 @@ typedef struct pa_dequant_plan {
     int32_t ntile;        /* 128-key tiles a (sequence, kv head) */
     size_t tile_bytes;    /* the K tiles' (and the V^T tiles') bytes */
     void *f8_module;      /* (pa_kmodule) */
-    const char *f8_variant;
 } pa_dequant_plan;
 
 /* Whether a call may take it (then the plan of p16 decides: fits). */
@@ -44,6 +43,11 @@ bool pa_cuda_dequant_wanted(const pa_attn_problem *p, const pa_cuda_caps *caps, 
  * fp8). pa_cuda_dequant_free after. */
 pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_tuning *t,
                                   pa_dequant_plan *dq);
+/* The widening's entry point ("pa_dequant", or "pa_f8_tiles" in the f8
+ * module) and its blocks: a block-table entry of p, or (f8) a (sequence, kv
+ * head, 128-key tile). */
+const char *pa_cuda_dequant_entry(const pa_dequant_plan *dq);
+int64_t pa_cuda_dequant_grid(const pa_dequant_plan *dq, int32_t batch);
 /* Whether every part of the plan of p16 runs on a Hopper prefill kernel. */
 bool pa_cuda_dequant_fits(const pa_cuda_plan *plan);
 /* Where dq->f8 is wanted and every part of the plan (of p16, on prefill_ws)
