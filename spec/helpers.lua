@@ -68,6 +68,26 @@ function H.sh(cmd)
   return rc, (out:gsub("__rc=%d+%s*$", ""))
 end
 
+-- Runs shell commands side by side (each started before any is read; their
+-- output must be small, or a later one blocks on its pipe); returns, per
+-- command, its exit status and output, as H.sh does.
+function H.sh_all(cmds)
+  local pipes, out = {}, {}
+  for i, cmd in ipairs(cmds) do pipes[i] = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"") end
+  for i, p in ipairs(pipes) do
+    local text = p:read("*a")
+    p:close()
+    out[i] = { tonumber(text:match("__rc=(%d+)%s*$")), (text:gsub("__rc=%d+%s*$", "")) }
+  end
+  return out
+end
+
+-- The CPUs this process may use (nproc), at least 1.
+function H.cpus()
+  local _, n = H.sh("nproc")
+  return math.max(1, tonumber(n:match("%d+")) or 1)
+end
+
 function H.have(cmd) return H.sh("command -v " .. cmd .. " >/dev/null") == 0 end
 
 function H.tmpdir()
