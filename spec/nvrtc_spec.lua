@@ -41,9 +41,10 @@ describe("NVRTC kernel compilation", function()
   -- release pass of the same run compiles all of them.
   local stride = os.getenv("PAGEDATTN_BUILD") == "debug" and 8 or 1
   local offset = H.seed("nvrtc catalog", 1) % stride
-  -- Compiles names for arch without the disk cache, one worker process a CPU
-  -- (NVRTC compiles on one thread: the catalog for both archs, one variant
-  -- at a time, took 670 s of CI's 2 cores); returns the failures' messages.
+  -- Compiles names for arch, one worker process a CPU (NVRTC compiles on one
+  -- thread: the catalog for both archs, one variant at a time, took 670 s of
+  -- CI's 2 cores); "NAME\tDIR" through the disk cache in DIR, others without
+  -- it (spec/nvrtc_worker.lua). Returns the failures' messages.
   local workers = math.min(H.cpus(), 8)
   local function compile_all(names, arch)
     local dir, cmds = tmpdir(), {}
@@ -212,32 +213,33 @@ describe("NVRTC kernel compilation", function()
     end
     local dir = tmpdir()
     local scan = core.root .. "/scripts/lab/sass-scan.lua"
-    local bad, checked = {}, 0
-    with_env({ PAGEDATTN_KERNEL_CACHE = dir }, function()
-      for _, D in ipairs({ 64, 128, 256 }) do
-        for _, page in ipairs({ "16", "contig" }) do
-          for _, variant in ipairs({ { 0, 4 }, { 1, 4 }, { 0, 1 }, { 1, 1 } }) do
-            local natural, gt = variant[1], variant[2]
-            local v = string.format("prefill_ws dtype=bf16 D=%d gt=%d page=%s stages=%d natural=%d tma=%d", D, gt,
-              page, D <= 128 and 3 or 2, natural, page == "contig" and 1 or 2)
-            os.execute("rm -f '" .. dir .. "'/*")
-            local s, e = compile(v, "sm_90a", true)
-            assert.equal(0, s, e)
-            local files = ls(dir)
-            assert.equal(1, #files)
-            local p = assert(io.popen("luajit '" .. scan .. "' --windows '" .. dir .. "/" .. files[1] .. "'"))
-            local out = p:read("*a")
-            p:close()
-            local windows = out:match("pa_prefill_ws: %d+ instructions ([%d ]+)")
-            local nwin = windows and select(2, windows:gsub("%d+", "")) or 0 -- 3 at head dim 256, 9 at 128
-            if nwin < 3 or out:find("serialised", 1, true) then bad[#bad + 1] = v .. ": " .. out end
-            checked = checked + 1
-          end
+    local variants, lines = {}, {}
+    for _, D in ipairs({ 64, 128, 256 }) do
+      for _, page in ipairs({ "16", "contig" }) do
+        for _, variant in ipairs({ { 0, 4 }, { 1, 4 }, { 0, 1 }, { 1, 1 } }) do
+          local natural, gt = variant[1], variant[2]
+          local v = string.format("prefill_ws dtype=bf16 D=%d gt=%d page=%s stages=%d natural=%d tma=%d", D, gt,
+            page, D <= 128 and 3 or 2, natural, page == "contig" and 1 or 2)
+          variants[#variants + 1] = v
+          lines[#lines + 1] = v .. "\t" .. dir .. "/" .. #variants -- a cache of its own: one file, this variant's
         end
       end
-    end)
+    end
+    local failed = compile_all(lines, "sm_90a")
+    assert(#failed == 0, table.concat(failed, "\n\n"))
+    local bad = {}
+    for i, v in ipairs(variants) do
+      local files = ls(dir .. "/" .. i)
+      assert.equal(1, #files)
+      local p = assert(io.popen("luajit '" .. scan .. "' --windows '" .. dir .. "/" .. i .. "/" .. files[1] .. "'"))
+      local out = p:read("*a")
+      p:close()
+      local windows = out:match("pa_prefill_ws: %d+ instructions ([%d ]+)")
+      local nwin = windows and select(2, windows:gsub("%d+", "")) or 0 -- 3 at head dim 256, 9 at 128
+      if nwin < 3 or out:find("serialised", 1, true) then bad[#bad + 1] = v .. ": " .. out end
+    end
     os.execute("rm -rf '" .. dir .. "'")
-    assert.equal(24, checked)
+    assert.equal(24, #variants)
     assert(#bad == 0, "wgmmas serialised (or no wgmma found):\n" .. table.concat(bad, "\n"))
   end)
 
