@@ -59,18 +59,9 @@ H.root = os.getenv("PAGEDATTN_ROOT") or (function()
   return d
 end)()
 
--- Runs a shell command; returns its exit status and output (stdout + stderr).
-function H.sh(cmd)
-  local p = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, (out:gsub("__rc=%d+%s*$", ""))
-end
-
 -- Runs shell commands side by side (each started before any is read; their
 -- output must be small, or a later one blocks on its pipe); returns, per
--- command, its exit status and output, as H.sh does.
+-- command, { exit status, output (stdout + stderr) }.
 function H.sh_all(cmds)
   local pipes, out = {}, {}
   for i, cmd in ipairs(cmds) do pipes[i] = io.popen("(" .. cmd .. ") 2>&1; echo \"__rc=$?\"") end
@@ -80,6 +71,12 @@ function H.sh_all(cmds)
     out[i] = { tonumber(text:match("__rc=(%d+)%s*$")), (text:gsub("__rc=%d+%s*$", "")) }
   end
   return out
+end
+
+-- Runs a shell command; returns its exit status and output (stdout + stderr).
+function H.sh(cmd)
+  local r = H.sh_all({ cmd })[1]
+  return r[1], r[2]
 end
 
 -- The CPUs this process may use (nproc), at least 1.

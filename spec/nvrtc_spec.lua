@@ -42,9 +42,9 @@ describe("NVRTC kernel compilation", function()
   local stride = os.getenv("PAGEDATTN_BUILD") == "debug" and 8 or 1
   local offset = H.seed("nvrtc catalog", 1) % stride
   -- Compiles names for arch, one worker process a CPU (NVRTC compiles on one
-  -- thread: the catalog for both archs, one variant at a time, took 670 s of
-  -- CI's 2 cores); "NAME\tDIR" through the disk cache in DIR, others without
-  -- it (spec/nvrtc_worker.lua). Returns the failures' messages.
+  -- thread: the catalog for both archs, one variant at a time, took 670 s on
+  -- a 2-core machine like CI's); "NAME\tDIR" through the disk cache in DIR,
+  -- others without it (spec/nvrtc_worker.lua). Returns the failures' messages.
   local workers = math.min(H.cpus(), 8)
   local function compile_all(names, arch)
     local dir, cmds = tmpdir(), {}
