@@ -42,9 +42,23 @@
  * wgmma descriptors read as well as the default layout. Half the boxes at
  * head dim 128 (8 instead of 16 a K or V tile at page 16).
  *
+ * fp8 caches (PA_KV e4m3 or e5m2; head dim 128, pages of 16 rows or more,
+ * tma=1, two stages; tuning prefill_fp8 = 3, docs/fp8.md): the keys are
+ * widened in the block, by a warpgroup of its own. Producer warp 0 loads each
+ * K and V tile's fp8 rows (a TMA box a page, 128 bytes a row, unswizzled)
+ * into a ring of two staging slots; warps 1-3 (after Q) widen each staged
+ * tile into the 16-bit slot the consumers read, in the layout the 16-bit TMA
+ * boxes give (rows past the sequence's end as zeros), each fp8 value exactly
+ * (every fp8 value is a 16-bit value); the key scale goes into the scores'
+ * factor and the value scale into the output, in f32. The two rings apart,
+ * the loads run ahead of the widening, and the widening ahead of the
+ * consumers (the widening in the producer's own ring order measured 3x
+ * slower: docs/fp8.md). The consumers' code is the 16-bit kernel's.
+ *
  * Defines: PA_DTYPE, PA_D (64, 128, 256), PA_GT, PA_PAGE (-1 contiguous, 0
  * any, else a power of two), PA_STAGES (>= 2), PA_NATURAL (0/1), PA_TMA (0
- * the cp.async gather, 1 TMA boxes of 64 columns, 2 page boxes).
+ * the cp.async gather, 1 TMA boxes of 64 columns, 2 page boxes); PA_KV
+ * (optional): the caches' dtype, PA_DTYPE or an fp8 one.
  */
 #ifndef PA_EMBED_ONLY
 #include "prefill_wgmma.cuh"
@@ -53,6 +67,9 @@
 #if !defined(PA_DTYPE) || !defined(PA_D) || !defined(PA_GT) || !defined(PA_PAGE) || !defined(PA_STAGES) || \
     !defined(PA_NATURAL) || !defined(PA_TMA)
 #error "prefill_ws.cu needs PA_DTYPE, PA_D, PA_GT, PA_PAGE, PA_STAGES, PA_NATURAL, PA_TMA"
+#endif
+#ifndef PA_KV
+#define PA_KV PA_DTYPE
 #endif
 
 namespace {
@@ -72,7 +89,11 @@ constexpr int KALIGN = PA_TMA && PA_PAGE > 0 ? TMA_ROWS : 1;
  * apart, so below 256 GiB of memory they are fewer): a box from there is all
  * TMA zero fill */
 constexpr int OOB_ROW = 0x7ffff000;
-constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES;
+/* fp8 caches: the staging ring of fp8 tiles (K and V, STG8 slots each) */
+constexpr bool KV8 = PA_DT_IS_FP8(PA_KV);
+constexpr int STG8 = 2, TILE8 = BN * D;
+constexpr int WIDEN_THREADS = 96; /* producer warps 1-3 */
+constexpr int SMEM = 1024 /* alignment */ + Q_BYTES + 2 * PA_STAGES * KV_BYTES + (KV8 ? 2 * STG8 * TILE8 : 0);
 /* Q and O by TMA (where the host built their maps, maps.q_tma / o_tma):
  * boxes of GT heads x QT queries, which fill the tile's rows only where GT
  * divides BM */
@@ -97,12 +118,101 @@ static_assert(PA_STAGES >= 2 && PA_STAGES <= 4, "pipeline depth");
 static_assert(PA_PAGE <= 0 || (PA_PAGE & (PA_PAGE - 1)) == 0, "page size: a power of two");
 static_assert(!PA_TMA || PA_PAGE == -1 || PA_PAGE >= 16, "TMA: contiguous caches or pages of 16 rows or more");
 static_assert(!PAGE_BOX || PA_PAGE >= 16, "page boxes: pages of 16 rows or more");
+static_assert(PA_KV == PA_DTYPE || (KV8 && D == 128 && PA_TMA == 1 && PA_PAGE >= 16 && !PA_NATURAL && PA_STAGES == 2),
+              "fp8 caches: head dim 128, tma=1 over pages of 16 rows or more, natural=0, two stages");
+static_assert(SMEM <= 227 * 1024 - 2048, "shared memory (the static part beside it)");
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= NTHREADS * LAUNCH_REGS && PRODUCER_REGS % 8 == 0 &&
                   CONSUMER_REGS % 8 == 0,
               "setmaxnreg: the consumers' registers must come from the block's own");
 } // namespace
 
 extern "C" __constant__ int pa_prefill_ws_info[4] = {NTHREADS, SMEM, BN, QT};
+
+#if PA_TMA
+/* (fp8) Producer warp 0: each tile's fp8 rows into the staging ring, lane j
+ * box j (a page, or a tile of larger pages: TMA_ROWS rows of 128 bytes);
+ * boxes past the sequence's last key are not loaded (the widening writes
+ * zeros there). first_row: box 0's row of the first tile from the host (-1:
+ * none). */
+PA_DEV void ws8_load(const pa_tma_maps &maps, const pa_attn_params &p, const pa_work &w, int hk, int kbase, int nt,
+                     int lane, int first_row, u32 k8, u32 v8, u64 *full8_k, u64 *full8_v, u64 *empty8_k, u64 *empty8_v) {
+    constexpr int NBOX = BN / TMA_ROWS;
+    constexpr int ps = PA_PAGE > 0 ? PA_PAGE : 16; /* (fp8: pages of 16 rows or more) */
+    auto box_row = [&](int t) {
+        const int tok = kbase + t * BN + lane * TMA_ROWS;
+        if (t >= nt || lane >= NBOX || tok >= w.k1) return 0;
+        const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
+        return pid * ps + tok % ps;
+    };
+    int row = first_row >= 0 ? first_row : box_row(0);
+    for (int t = 0; t < nt; t++) {
+        const int s = t % STG8;
+        const u32 ph = (u32)(t / STG8) & 1u;
+        const int nkeys = min(BN, w.k1 - (kbase + t * BN));
+        const int nbox = (nkeys + TMA_ROWS - 1) / TMA_ROWS;
+        const u32 bytes = (u32)nbox * TMA_ROWS * D;
+        const u32 at = (u32)lane * TMA_ROWS * D;
+        const int next = box_row(t + 1);
+        mbar_wait(&empty8_k[s], ph ^ 1u);
+        if (lane == 0) mbar_arrive_expect_tx(&full8_k[s], bytes);
+        __syncwarp();
+        if (lane < nbox) tma_load(k8 + s * TILE8 + at, maps.k, 0, hk, row, &full8_k[s]);
+        mbar_wait(&empty8_v[s], ph ^ 1u);
+        if (lane == 0) mbar_arrive_expect_tx(&full8_v[s], bytes);
+        __syncwarp();
+        if (lane < nbox) tma_load(v8 + s * TILE8 + at, maps.v, 0, hk, row, &full8_v[s]);
+        row = next;
+    }
+}
+
+/* (fp8) Producer warps 1-3 (thread i of WIDEN_THREADS): each staged tile
+ * widened into the consumers' slot of the same tile, rows from nkeys on as
+ * zeros. A 16-byte fp8 chunk c of row r (dims 16 c ..) becomes 16-bit chunks
+ * 2 c and 2 c + 1 of the row, in the 16-bit TMA boxes' layout (64-column
+ * blocks of BN rows, chunk x of row r at x ^ (r % 8)). */
+PA_DEV void ws8_widen_tile(u8 *smem, u32 src_off, u32 dst_off, int nkeys, int i) {
+    using KVL = pa_kv_rows<BN>;
+    const u8 *src = smem + src_off;
+    u8 *dst = smem + dst_off;
+#pragma unroll 2
+    for (int e = i; e < BN * D / 16; e += WIDEN_THREADS) {
+        const int r = e >> 3, c = e & 7;
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (r < nkeys) x = *(const uint4 *)(src + r * D + c * 16);
+        u32 h[8];
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.x, h[0], h[1]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.y, h[2], h[3]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.z, h[4], h[5]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.w, h[6], h[7]);
+        u8 *row = dst + (c >> 2) * KVL::BS + (r >> 3) * KVL::GS + (r & 7) * 128;
+        const int x0 = (2 * c) & 7;
+        *(uint4 *)(row + ((x0 ^ (r & 7)) << 4)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *(uint4 *)(row + (((x0 + 1) ^ (r & 7)) << 4)) = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+}
+PA_DEV void ws8_widen(u8 *smem, u32 k8_off, u32 v8_off, const pa_work &w, int kbase, int nt, int i, u64 *full8_k,
+                      u64 *full8_v, u64 *empty8_k, u64 *empty8_v, u64 *full_k, u64 *full_v, u64 *empty_k,
+                      u64 *empty_v) {
+    const u32 k_off = Q_BYTES, v_off = Q_BYTES + PA_STAGES * KV_BYTES;
+    for (int t = 0; t < nt; t++) {
+        const int s8 = t % STG8, s = t % PA_STAGES;
+        const u32 ph8 = (u32)(t / STG8) & 1u, ph = (u32)(t / PA_STAGES) & 1u;
+        const int nkeys = min(BN, w.k1 - (kbase + t * BN));
+        mbar_wait(&full8_k[s8], ph8);
+        mbar_wait(&empty_k[s], ph ^ 1u); /* a fresh barrier passes parity 1 */
+        ws8_widen_tile(smem, k8_off + s8 * TILE8, k_off + s * KV_BYTES, nkeys, i);
+        mbar_arrive(&empty8_k[s8]);
+        pa_fence_proxy_async(); /* the stores -> the consumers' wgmma (async proxy) */
+        mbar_arrive(&full_k[s]);
+        mbar_wait(&full8_v[s8], ph8);
+        mbar_wait(&empty_v[s], ph ^ 1u);
+        ws8_widen_tile(smem, v8_off + s8 * TILE8, v_off + s * KV_BYTES, nkeys, i);
+        mbar_arrive(&empty8_v[s8]);
+        pa_fence_proxy_async();
+        mbar_arrive(&full_v[s]);
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_prefill_ws(const pa_attn_params p, const __grid_constant__ pa_tma_maps maps) {
@@ -115,6 +225,8 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     __shared__ float s_slope[PA_NATURAL ? BM : 1];
     __shared__ __align__(8) u64 bar_q, full_k[PA_STAGES], full_v[PA_STAGES], empty_k[PA_STAGES],
         empty_v[PA_STAGES], v_last;
+    /* (fp8) the staging ring: loaded (TMA bytes) and widened (WIDEN_THREADS arrivals) */
+    __shared__ __align__(8) u64 full8_k[STG8], full8_v[STG8], empty8_k[STG8], empty8_v[STG8];
     const u32 raw = pa_smem_addr(smem_raw), base = (raw + 1023u) & ~1023u; /* swizzle period */
     u8 *smem = smem_raw + (base - raw);
     const u32 q_addr = base, k_addr = base + Q_BYTES, v_addr = k_addr + PA_STAGES * KV_BYTES;
@@ -140,7 +252,16 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         /* Q by TMA: this thread's expect_tx; else with TMA warps 1-3 load Q
          * (warp 0 issues K/V at once), without it the producer warpgroup */
         mbar_init(&bar_q, q_tma ? 1 : PA_TMA ? 96 : 128);
-        mbar_init_rings(full_k, full_v, empty_k, empty_v, PA_TMA ? 1 : 128); /* TMA: the issuing thread's expect_tx */
+        /* TMA: the issuing thread's expect_tx; fp8: each widening thread */
+        mbar_init_rings(full_k, full_v, empty_k, empty_v, KV8 ? WIDEN_THREADS : PA_TMA ? 1 : 128);
+        if constexpr (KV8) {
+            for (int i = 0; i < STG8; i++) {
+                mbar_init(&full8_k[i], 1);
+                mbar_init(&full8_v[i], 1);
+                mbar_init(&empty8_k[i], WIDEN_THREADS);
+                mbar_init(&empty8_v[i], WIDEN_THREADS);
+            }
+        }
         mbar_init(&v_last, 1); /* TMA: the last tile's V, before its rows past k1 are zeroed */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         if (q_tma) { /* the whole Q tile at once, rows (query, head) as pa_swz lays them out */
@@ -176,6 +297,21 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         };
 
 #if PA_TMA
+        if constexpr (KV8) {
+            const u32 k8_addr = v_addr + PA_STAGES * KV_BYTES, v8_addr = k8_addr + STG8 * TILE8;
+            if (tid >= 32) { /* warps 1-3: Q, then the widening */
+                if (!q_tma) {
+                    load_q(tid - 32, 96);
+                    pa_cp_async_wait<0>();
+                }
+                ws8_widen(smem, k8_addr - base, v8_addr - base, w, kbase, nt, tid - 32, full8_k, full8_v, empty8_k,
+                          empty8_v, full_k, full_v, empty_k, empty_v);
+                return;
+            }
+            ws8_load(maps, p, w, hk, kbase, nt, tid, first_boxes ? first_row : -1, k8_addr, v8_addr, full8_k, full8_v,
+                     empty8_k, empty8_v);
+            return;
+        }
         /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
          * columns. The last tile's V rows past k1 must be zeros (P is 0
          * there, but 0 x a NaN left in memory would not be): TMA fills the
@@ -300,6 +436,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
     pa_prefill_rows<BM, GT, PA_NATURAL>(p, w, hk, g0, s_lo, s_hi, s_slope, ctid, 256);
     consumers_sync();
     pa_lane_rows rs = pa_lane_rows_init<GT, PA_NATURAL>(p, w, R0, s_lo, s_hi, s_slope);
+    if constexpr (KV8) { /* the key scale, into the scores' factor (natural=0 only) */
+        const float ks = p.k_scales ? ((const float *)p.k_scales)[hk] : p.k_scale;
+        rs.c2 *= ks;
+        rs.c2b *= ks;
+    }
     /* tiles every row takes whole run without range checks (uniform over
      * both consumers: the step variants hold different wgmma instructions) */
     __shared__ int s_wr[24];
@@ -391,6 +532,13 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
         }
     }
 
+    if constexpr (KV8) { /* the value scale, into O */
+        const float vs = p.v_scales ? ((const float *)p.v_scales)[hk] : p.v_scale;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) o[n][j] *= vs;
+    }
     /* epilogue, each consumer on its own (consumer 0's under consumer 1's
      * last products): its rows of O rounded into its own rows of the Q tile
      * (free: its last S has completed), then out from there */

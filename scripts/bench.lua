@@ -436,6 +436,16 @@ if run_prefill then
       else
         note = note .. "; prefill_fp8 = 2: not applied" .. (ok8 and "" or " (" .. tostring(k8) .. ")")
       end
+      -- prefill_fp8 = 3: prefill_ws widening the fp8 pages in the block (no copy)
+      local okw, kw, ww = pcall(dev.with_tuning, dev, { prefill_fp8 = 3 }, function()
+        return prefill_time(wl, 16, nil, "fp8_e4m3")
+      end)
+      if okw and (dev:last_plan() or ""):find("prefill_ws [^\n]*kv=fp8_e4m3") then
+        prefill_row(wl.name .. " fp8_e4m3 ws8", layout(16), prefill_flops(wl), kw, ww)
+        note = note .. string.format("; prefill_fp8 = 3, widened in the block: x %.2f", t[16] / kw)
+      else
+        note = note .. "; prefill_fp8 = 3: not applied" .. (okw and "" or " (" .. tostring(kw) .. ")")
+      end
       fp8_notes[#fp8_notes + 1] = note
     end
   end

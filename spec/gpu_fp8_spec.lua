@@ -283,6 +283,37 @@ describe("#gpu fp8 caches on CUDA", function()
       end)
     end
 
+    -- prefill_fp8 = 3: prefill_ws reads the fp8 pages and widens each tile in
+    -- the block (kv=) where it applies (sm_90, head dim 128, pages of 16 or
+    -- more, no softcap or ALiBi), else as 1; within the tolerance rule (the
+    -- widening is exact, the scales apply in f32). Pages of 5 and 1 here
+    -- take the copy: both paths in one test.
+    it("#gpu " .. fmt .. ": prefill widening the fp8 pages in the block (prefill_fp8 = 3), within the tolerance rule",
+      function()
+      if dev.kind ~= "cuda" or G.cc_major(dev) < 9 then
+        pending("prefill_ws runs on sm_90 only (this device: " .. tostring(dev.kind) .. ")")
+        return
+      end
+      local hits = 0
+      G.with_tuning(dev, { prefill_fp8 = 3 }, function()
+        run_cases("gpu fp8 prefill ws8 " .. fmt, H.scale(16), function(rng, i)
+          local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "prefill", "chunked" }),
+            dtype = pick(rng, { "f16", "bf16" }), D = 128, page_size = pick(rng, { 16, 32, 256, 64, 5 }),
+            B = rng:int(1, 3), group = pick(rng, { 1, 4, 8 }), causal = rng:int(1, 3) > 1, new = rng:int(9, 300),
+            max_keys = 600, softcap = false, alibi = false }
+          if i <= 2 then w.page_size, w.k_scale, w.mode, w.new = 16, "head", "prefill", 300 end -- (several tiles)
+          return w
+        end, function(case)
+          if case.page_size >= 16 then
+            G.expect_plan(dev, "prefill_fp8 = 3: prefill_ws over the fp8 pages", "prefill_ws [^\n]*kv=" .. fmt)
+            G.expect_plan(dev, "prefill_fp8 = 3: no copy", "pa_dequant", true)
+            hits = hits + 1
+          end
+        end)
+      end)
+      assert(hits >= 2, "prefill_fp8 = 3: fewer than two calls ran prefill_ws over the fp8 pages")
+    end)
+
     -- prefill_fp8 = 2: the e4m3 tensor cores (prefill_f8: Q and P in e4m3)
     -- where they apply (sm_90, head dim 128, paged, no softcap or ALiBi, more
     -- than 8 queries a sequence: every case here), judged by

@@ -225,6 +225,15 @@ describe("NVRTC kernel compilation", function()
         end
       end
     end
+    -- and over fp8 caches, widened in the block (tuning prefill_fp8 = 3)
+    for _, fmt in ipairs({ "fp8_e4m3", "fp8_e5m2" }) do
+      for _, dg in ipairs({ { "bf16", 4 }, { "f16", 1 } }) do
+        local v = string.format("prefill_ws dtype=%s D=128 gt=%d page=16 stages=2 natural=0 tma=1 kv=%s", dg[1], dg[2],
+          fmt)
+        variants[#variants + 1] = v
+        lines[#lines + 1] = v .. "\t" .. dir .. "/" .. #variants
+      end
+    end
     local failed = compile_all(lines, "sm_90a")
     assert(#failed == 0, table.concat(failed, "\n\n"))
     local bad = {}
@@ -239,7 +248,7 @@ describe("NVRTC kernel compilation", function()
       if nwin < 3 or out:find("serialised", 1, true) then bad[#bad + 1] = v .. ": " .. out end
     end
     os.execute("rm -rf '" .. dir .. "'")
-    assert.equal(24, #variants)
+    assert.equal(28, #variants)
     assert(#bad == 0, "wgmmas serialised (or no wgmma found):\n" .. table.concat(bad, "\n"))
   end)
 

@@ -62,6 +62,24 @@ static pa_status queue(pa_context *ctx, cuda_impl *impl, CUstream stream, const 
  * over 16-bit caches: cuda_dequant.c) of dq's p16 with dq->on. */
 static pa_status plan_call(pa_context *ctx, cuda_impl *impl, const pa_attn_problem *p, const pa_cuda_caps *caps,
                            const pa_cuda_kernels *kernels, pa_dequant_plan *dq, pa_cuda_plan *plan) {
+    if (dq->ws8) { /* prefill_ws widening the fp8 pages itself: planned as over 16-bit caches */
+        pa_cuda_tuning ws = impl->tuning;
+        ws.prefill_kernel = 1;
+        pa_attn_problem pv = *p;
+        pv.cache_dtype = p->dtype;
+        pv.k_scale = pv.v_scale = 1.f;
+        pv.k_scales = pv.v_scales = NULL;
+        pa_status st = pa_cuda_plan_make(ctx, &pv, caps, &ws, kernels, plan);
+        if (st) return st;
+        bool adopted = false;
+        if (pa_cuda_dequant_fits(plan)) st = pa_cuda_dequant_ws8(ctx, kernels, p, plan, &adopted);
+        if (st == PA_OK && adopted) {
+            dq->on = false; /* no copy: the parts read p's pages */
+            return PA_OK;
+        }
+        pa_cuda_plan_free(plan);
+        if (st) return st;
+    }
     if (dq->on && dq->f8) { /* prefill_f8 takes prefill_ws's work items: planned on it */
         pa_cuda_tuning ws = impl->tuning;
         ws.prefill_kernel = 1;

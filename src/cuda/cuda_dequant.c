@@ -23,6 +23,12 @@
  * tiles that its pa_f8_tiles entry writes in place of the copy (K as it is,
  * V transposed: prefill_f8.cu), with the call's own scales. Q and P in e4m3
  * are not within the tolerance rule (docs/fp8.md states the error).
+ *
+ * prefill_fp8 = 3 (opt-in until measured): where every part would run on
+ * prefill_ws with TMA (head dim 128, pages of 16 or more, no softcap or
+ * ALiBi), the parts run prefill_ws kv= over the fp8 pages themselves: a
+ * warpgroup of the block widens each tile (exactly) for the 16-bit products,
+ * the scales applied in f32 (prefill_ws.cu). No copy, no pass before.
  */
 #include "cuda_launch.h"
 
@@ -43,6 +49,10 @@ bool pa_cuda_dequant_wanted(const pa_attn_problem *p, const pa_cuda_caps *caps, 
 pa_status pa_cuda_dequant_problem(pa_context *ctx, const pa_attn_problem *p, const pa_cuda_tuning *t,
                                   pa_dequant_plan *dq) {
     memset(dq, 0, sizeof *dq);
+    /* (prefill_fp8 = 3 needs no copy: wanted whatever the copy's size) */
+    dq->ws8 = t->prefill_fp8 == 3 && p->head_dim == 128 && p->page_size >= 16 &&
+              (p->page_size & (p->page_size - 1)) == 0 && p->softcap <= 0.f && !p->alibi &&
+              (((uintptr_t)p->k_cache | (uintptr_t)p->v_cache) & 15) == 0;
     int64_t width = 0;
     for (int32_t b = 0; b < p->batch; b++) {
         const int64_t pages = ((int64_t)p->h_seqlen_k[b] + p->page_size - 1) / p->page_size;
@@ -138,6 +148,43 @@ pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa
     dq->p16.v_scale = p->v_scale;
     dq->p16.k_scales = p->k_scales;
     dq->p16.v_scales = p->v_scales;
+    return PA_OK;
+}
+
+pa_status pa_cuda_dequant_ws8(pa_context *ctx, const pa_cuda_kernels *k, const pa_attn_problem *p,
+                              pa_cuda_plan *plan, bool *adopted) {
+    *adopted = false;
+    const int32_t rows = p->page_size < 128 ? p->page_size : 128; /* (prefill_ws.cu's TMA_ROWS) */
+    for (int i = 0; i < plan->nparts; i++) {
+        const pa_kernel_plan *kp = &plan->parts[i].kp;
+        if (!kp->ws || kp->tma_rows != rows || !strstr(kp->variant, " natural=0")) return PA_OK;
+    }
+    for (int i = 0; i < plan->nparts; i++) {
+        pa_kernel_plan *kp = &plan->parts[i].kp;
+        pa_variant v = pa_variant_of(PA_VK_PREFILL_WS);
+        pa_variant_set(pa_variant_set(&v, PA_KEY_DTYPE, p->dtype), PA_KEY_D, 128);
+        pa_variant_set(pa_variant_set(&v, PA_KEY_GT, kp->gt), PA_KEY_PAGE, pa_variant_page_key(true, p->page_size));
+        pa_variant_set(pa_variant_set(&v, PA_KEY_STAGES, 2), PA_KEY_NATURAL, 0);
+        pa_variant_set(pa_variant_set(&v, PA_KEY_TMA, 1), PA_KEY_KV, p->cache_dtype);
+        char name[112];
+        pa_cuda_loaded m;
+        void *fn = NULL;
+        int blocks = 0;
+        if (!pa_variant_name(&v, name, sizeof name) || !pa_variant_allows(&v))
+            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill_fp8 = 3 chose a kernel that does not exist (%s)", name);
+        pa_status st = k->load(k->user, ctx, name, &m);
+        if (st == PA_OK) st = k->occupancy(k->user, ctx, &m, "pa_prefill_ws", m.info[0], m.info[1], &fn, &blocks);
+        if (st) return st;
+        if (blocks < 1)
+            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: %s does not fit on a SM (%d bytes of shared memory)", name,
+                           m.info[1]);
+        kp->variant = m.name;
+        kp->fn = fn;
+        kp->threads = m.info[0];
+        kp->smem = m.info[1];
+        kp->page_boxes = false;
+    }
+    *adopted = true;
     return PA_OK;
 }
 

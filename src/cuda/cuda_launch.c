@@ -15,18 +15,26 @@ _Static_assert(sizeof(pa_attn_params) == 240, "pa_attn_params layout");
 _Static_assert(sizeof(pa_append_params) == 184, "pa_append_params layout");
 
 /* One TMA descriptor of the call's dtype (rank 3 or 5): dims innermost
- * first, the strides of the outer ones in bytes, 128-byte swizzle. */
-static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, int rank, const void *base, const uint64_t *dims,
-                         const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
-    const int dtype = p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+ * first, the strides of the outer ones in bytes, 128-byte swizzle; or (raw)
+ * of bytes, unswizzled (the fp8 caches' rows for prefill_ws kv=). */
+static pa_status tma_map_of(pa_context *ctx, const pa_attn_problem *p, bool raw, int rank, const void *base,
+                            const uint64_t *dims, const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
+    const int dtype = raw                 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                      : p->dtype == PA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     const uint32_t unit[5] = {1, 1, 1, 1, 1};
     CUtensorMap m;
     CUresult r = pa_cu.cuTensorMapEncodeTiled(&m, dtype, (uint32_t)rank, (void *)base, dims, strides, box, unit,
-                                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                              CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                              raw ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                                               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return pa_cu_fail(ctx, r, "cuTensorMapEncodeTiled", __FILE__, __LINE__);
     memcpy(out, m.opaque, sizeof m.opaque);
     return PA_OK;
+}
+static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, int rank, const void *base, const uint64_t *dims,
+                         const uint64_t *strides, const uint32_t *box, pa_u64 *out) {
+    return tma_map_of(ctx, p, false, rank, base, dims, strides, box, out);
 }
 
 /* prefill_ws.cu's TMA descriptors (kernels/params.h). The K and V caches:
@@ -38,7 +46,8 @@ static pa_status tma_map(pa_context *ctx, const pa_attn_problem *p, int rank, co
  * not fill its 128 rows: (head-dim elements, heads, q rows), boxes of 64
  * elements x GT heads x QT queries, so that the Q tile lands in one
  * transaction. out, the same way (boxes of QT / 2 queries: each consumer's
- * rows). */
+ * rows). fp8 caches (prefill_ws kv=, widened in the block): bytes, boxes of
+ * whole rows x 1 head x kp->tma_rows rows, unswizzled. */
 static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const pa_kernel_plan *kp,
                           const pa_cuda_tuning *t, bool q_f32, pa_tma_maps *out) {
     const uint64_t D = (uint64_t)p->head_dim;
@@ -46,7 +55,12 @@ static pa_status tma_maps(pa_context *ctx, const pa_attn_problem *p, const pa_ke
     const uint64_t strides[2] = {D * 2, (uint64_t)p->kv_heads * D * 2}; /* bytes */
     const uint32_t box[3] = {64, 1, (uint32_t)kp->tma_rows};
     pa_status st;
-    if (kp->page_boxes) {
+    if (pa_dtype_is_fp8(p->cache_dtype)) {
+        const uint64_t strides8[2] = {D, (uint64_t)p->kv_heads * D};
+        const uint32_t box8[3] = {(uint32_t)D, 1, (uint32_t)kp->tma_rows};
+        st = tma_map_of(ctx, p, true, 3, p->k_cache, dims, strides8, box8, out->k);
+        if (st == PA_OK) st = tma_map_of(ctx, p, true, 3, p->v_cache, dims, strides8, box8, out->v);
+    } else if (kp->page_boxes) {
         /* page boxes: (64 elements, 8 rows, 64-column blocks, kv heads, 8-row
          * groups), a box of a page's rows (or a tile's), every column block,
          * landing as the kernel's KVL layout (each 8 rows' blocks side by side) */

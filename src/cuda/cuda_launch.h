@@ -32,6 +32,11 @@ typedef struct pa_dequant_plan {
      * part runs prefill_f8 over them with p's scales, and the widening is
      * pa_f8_tiles of f8_module */
     bool f8;
+    /* tuning prefill_fp8 = 3: prefill_ws reads the fp8 pages and widens
+     * them in the block (kv=) where every part would run on it; then no
+     * copy (on false once adopted: pa_cuda_dequant_ws8; wanted even where
+     * the copy would not fit) */
+    bool ws8;
     int32_t ntile;        /* 128-key tiles a (sequence, kv head) */
     size_t tile_bytes;    /* the K tiles' (and the V^T tiles') bytes */
     void *f8_module;      /* (pa_kmodule) */
@@ -55,6 +60,12 @@ bool pa_cuda_dequant_fits(const pa_cuda_plan *plan);
  * dq->f8 false (the plan to be made again without forcing prefill_ws). */
 pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa_cuda_tuning *t,
                              const pa_attn_problem *p, pa_dequant_plan *dq, pa_cuda_plan *plan);
+/* Where dq->ws8 is wanted and every part of the plan (of p with 16-bit
+ * caches, on prefill_ws) may read the fp8 pages itself: the parts' kernels
+ * swapped to prefill_ws kv=, *adopted true; else *adopted false (the plan to
+ * be made again). */
+pa_status pa_cuda_dequant_ws8(pa_context *ctx, const pa_cuda_kernels *k, const pa_attn_problem *p,
+                              pa_cuda_plan *plan, bool *adopted);
 /* The copies in the plan's scratch, the key counts and table in its upload. */
 void pa_cuda_dequant_layout(pa_dequant_plan *dq, const pa_attn_problem *p, pa_cuda_plan *plan);
 void pa_cuda_dequant_write(const pa_dequant_plan *dq, const pa_attn_problem *p, void *host);

@@ -88,10 +88,11 @@ static const field fields[] = {
     I(prefill_tma_o, 0, 1, 0, 1, NULL, "ws with TMA: 1 O stored by TMA where it may; 0 16-byte stores"),
     I(prefill_first_boxes, 0, 1, 0, 1, NULL, "ws with TMA, paged: 1 the host lists each item's first boxes; 0"),
     I(prefill_order, 0, 1, 0, 1, NULL, "ws: 1 blocks by sequence, longest first; 0 longest first over all"),
-    I(prefill_fp8, 0, 2, 0, 1, NULL,
+    I(prefill_fp8, 0, 3, 0, 1, NULL,
       "fp8 caches, paged: 1 prefill on the Hopper kernels over a 16-bit copy of the keys it reads; 2 on the e4m3 "
       "tensor cores where they apply (head dim 128; Q and P in e4m3: not within the tolerance rule), else as 1; "
-      "0 mma.sync"),
+      "3 prefill_ws widening the fp8 pages in the block where it applies (head dim 128, pages of 16 or more, no "
+      "softcap or ALiBi), else as 1; 0 mma.sync"),
     I(prefill_fp8_max_mb, 1, 1 << 20, 0, 1024, NULL,
       "prefill_fp8: the copy (K and V) of at most this many MiB, kept as scratch; larger calls read the fp8 bytes"),
     I(cascade_overlap, 0, 1, 0, 1, NULL,

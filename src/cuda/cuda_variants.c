@@ -146,8 +146,9 @@ static const kind_def kinds[PA_VK_COUNT] = {
                               {PA_KEY_D, 3, {128, 64, 256}},
                               {PA_KEY_GT, 4, {4, 1, 8, 3}},
                               {PA_KEY_STAGES, 2, {3, 4}}}},
-    [PA_VK_PREFILL_WS] = {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", "pa_prefill_ws", true, 7,
-                          {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL, PA_KEY_TMA},
+    [PA_VK_PREFILL_WS] = {"prefill_ws", "prefill_ws.cu", "pa_prefill_ws_info", "pa_prefill_ws", true, 8,
+                          {PA_KEY_DTYPE, PA_KEY_D, PA_KEY_GT, PA_KEY_PAGE, PA_KEY_STAGES, PA_KEY_NATURAL, PA_KEY_TMA,
+                           PA_KEY_KV},
                           2, 5,
                           {{PA_KEY_TMA, 3, {0, 1, 2}}, {PA_KEY_PAGE, 6, {16, 256, PA_PAGE_CONTIG, PA_PAGE_ANY, 1, 32}}},
                           {{PA_KEY_DTYPE, 2, {2, 1}},
@@ -209,6 +210,12 @@ static bool r_wgmma_stages(const int32_t *v) { return v[PA_KEY_STAGES] >= 3 && v
 static bool r_f8_shape(const int32_t *v) {
     return v[PA_KEY_DTYPE] != 0 && v[PA_KEY_D] == 128 && v[PA_KEY_KV] != 0;
 }
+/* fp8 caches on prefill_ws: widened in the block (tuning prefill_fp8 = 3),
+ * from page boxes of whole 128-byte rows, beside two 16-bit stages */
+static bool r_ws_kv(const int32_t *v) {
+    return v[PA_KEY_KV] == 0 || (v[PA_KEY_D] == 128 && v[PA_KEY_TMA] == 1 && v[PA_KEY_PAGE] >= 16 &&
+                                 v[PA_KEY_NATURAL] == 0 && v[PA_KEY_STAGES] == 2);
+}
 static bool r_ws_stages(const int32_t *v) {
     return v[PA_KEY_STAGES] <= (v[PA_KEY_D] <= 64 ? 4 : v[PA_KEY_D] <= 128 ? 3 : 2);
 }
@@ -242,6 +249,8 @@ static const rule rules[] = {
     {KIND(PA_VK_PREFILL_F8), K(PA_KEY_DTYPE) | K(PA_KEY_D) | K(PA_KEY_KV), r_f8_shape,
      "prefill_f8 takes f16 or bf16, D 128 and an fp8 cache (kv=)"},
     {KIND(PA_VK_PREFILL_F8), K(PA_KEY_STAGES), r_stages4, "prefill_f8 takes stages 2 to 4"},
+    {KIND(PA_VK_PREFILL_WS), K(PA_KEY_KV) | K(PA_KEY_D) | K(PA_KEY_TMA) | K(PA_KEY_PAGE) | K(PA_KEY_NATURAL) | K(PA_KEY_STAGES),
+     r_ws_kv, "prefill_ws takes fp8 caches (kv=) at D 128 with tma=1, pages of 16 or more, natural=0 and stages 2"},
     {KIND(PA_VK_PREFILL_WS), K(PA_KEY_STAGES) | K(PA_KEY_D), r_ws_stages,
      "prefill_ws holds stages 2 to 4 at D 64, 2 to 3 at 128, 2 at 256"},
 };
