@@ -170,51 +170,6 @@ PA_DEV void ws8_load(const pa_tma_maps &maps, const pa_attn_params &p, const pa_
  * zeros. A 16-byte fp8 chunk c of row r (dims 16 c ..) becomes 16-bit chunks
  * 2 c and 2 c + 1 of the row, in the 16-bit TMA boxes' layout (64-column
  * blocks of BN rows, chunk x of row r at x ^ (r % 8)). */
-/* (fp8, bf16 q) Four fp8 values as two bf16 pairs by their bits: each byte
- * placed as a bf16 with the fp8's exponent field and mantissa, then one exact
- * product by 2^(127 - the fp8's bias) (subnormal fp8 values included: the
- * product normalises them). Integer and bf16 pipes, where the exact route
- * (pa_fp8x4_to_b16: through f16 and f32) takes four conversions a pair, and
- * the conversions' pipe (a quarter of the ALU's rate) made the widening the
- * kernel's bottleneck: 0.61x bf16's time with it (docs/fp8.md). Only for
- * finite codes: NaN (e4m3) and inf/NaN (e5m2) take the exact route. */
-#ifndef PA_WS8_BITS
-#define PA_WS8_BITS 1
-#endif
-PA_DEV u32 ws8_bf16_mul(u32 a, u32 b) {
-    u32 d;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-PA_DEV void ws8_bf16_bits(u32 x, u32 &lo, u32 &hi) {
-    constexpr bool E4 = PA_KV == PA_DT_FP8_E4M3;
-    constexpr int SH = E4 ? 4 : 3;                               /* the exponent field's top to bf16's bit 10 / 11 */
-    constexpr u32 MK = E4 ? 0x07f007f0u : 0x0fe00fe0u;           /* exponent and mantissa */
-    constexpr u32 RB = E4 ? 0x7b807b80u : 0x77807780u;           /* 2^120, 2^112 */
-    const u32 a = __byte_perm(x, 0u, 0x1404), b = __byte_perm(x, 0u, 0x3424); /* byte i into half i's top */
-    lo = ws8_bf16_mul((a & 0x80008000u) | ((a >> SH) & MK), RB);
-    hi = ws8_bf16_mul((b & 0x80008000u) | ((b >> SH) & MK), RB);
-}
-/* Whether any of the 16 codes is NaN (e4m3: S.1111.111) or inf/NaN (e5m2:
- * exponent 31): a byte's masked bits plus one step reach bit 7 only there */
-PA_DEV bool ws8_special(const uint4 &x) {
-    constexpr bool E4 = PA_KV == PA_DT_FP8_E4M3;
-    constexpr u32 M = E4 ? 0x7f7f7f7fu : 0x7c7c7c7cu, INC = E4 ? 0x01010101u : 0x04040404u;
-    return ((((x.x & M) + INC) | ((x.y & M) + INC) | ((x.z & M) + INC) | ((x.w & M) + INC)) & 0x80808080u) != 0u;
-}
-PA_DEV void ws8_widen16(const uint4 &x, u32 (&h)[8]) {
-    if (PA_DTYPE == PA_DT_BF16 && PA_WS8_BITS && !ws8_special(x)) {
-        ws8_bf16_bits(x.x, h[0], h[1]);
-        ws8_bf16_bits(x.y, h[2], h[3]);
-        ws8_bf16_bits(x.z, h[4], h[5]);
-        ws8_bf16_bits(x.w, h[6], h[7]);
-    } else { /* (f16 q: one instruction a pair) */
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.x, h[0], h[1]);
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.y, h[2], h[3]);
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.z, h[4], h[5]);
-        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.w, h[6], h[7]);
-    }
-}
 PA_DEV void ws8_widen_tile(u8 *smem, u32 src_off, u32 dst_off, int nkeys, int i) {
     using KVL = pa_kv_rows<BN>;
     const u8 *src = smem + src_off;
@@ -225,7 +180,10 @@ PA_DEV void ws8_widen_tile(u8 *smem, u32 src_off, u32 dst_off, int nkeys, int i)
         uint4 x = make_uint4(0u, 0u, 0u, 0u);
         if (r < nkeys) x = *(const uint4 *)(src + r * D + c * 16);
         u32 h[8];
-        ws8_widen16(x, h);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.x, h[0], h[1]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.y, h[2], h[3]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.z, h[4], h[5]);
+        pa_fp8x4_to_b16<PA_KV, PA_DTYPE>(x.w, h[6], h[7]);
         u8 *row = dst + (c >> 2) * KVL::BS + (r >> 3) * KVL::GS + (r & 7) * 128;
         const int x0 = (2 * c) & 7;
         *(uint4 *)(row + ((x0 ^ (r & 7)) << 4)) = make_uint4(h[0], h[1], h[2], h[3]);
