@@ -24,7 +24,8 @@
  * V transposed: prefill_f8.cu), with the call's own scales. Q and P in e4m3
  * are not within the tolerance rule (docs/fp8.md states the error).
  *
- * prefill_fp8 = 3 (opt-in until measured): where every part would run on
+ * prefill_fp8 = 3 (opt-in: correct, 0.60x bf16's speed on an H100,
+ * docs/fp8.md): where every part would run on
  * prefill_ws with TMA (head dim 128, pages of 16 or more, no softcap or
  * ALiBi), the parts run prefill_ws kv= over the fp8 pages themselves: a
  * warpgroup of the block widens each tile (exactly) for the 16-bit products,
