@@ -131,21 +131,13 @@ extern "C" __constant__ int pa_prefill_ws_info[4] = {NTHREADS, SMEM, BN, QT};
 
 #if PA_TMA
 /* (fp8) Producer warp 0: each tile's fp8 rows into the staging ring, lane j
- * box j (a page, or a tile of larger pages: TMA_ROWS rows of 128 bytes);
- * boxes past the sequence's last key are not loaded (the widening writes
- * zeros there). first_row: box 0's row of the first tile from the host (-1:
- * none). */
-PA_DEV void ws8_load(const pa_tma_maps &maps, const pa_attn_params &p, const pa_work &w, int hk, int kbase, int nt,
-                     int lane, int first_row, u32 k8, u32 v8, u64 *full8_k, u64 *full8_v, u64 *empty8_k, u64 *empty8_v) {
-    constexpr int NBOX = BN / TMA_ROWS;
-    constexpr int ps = PA_PAGE > 0 ? PA_PAGE : 16; /* (fp8: pages of 16 rows or more) */
-    auto box_row = [&](int t) {
-        const int tok = kbase + t * BN + lane * TMA_ROWS;
-        if (t >= nt || lane >= NBOX || tok >= w.k1) return 0;
-        const int pid = ((const int *)p.block_table)[(i64)w.b * p.bt_stride + tok / ps];
-        return pid * ps + tok % ps;
-    };
-    int row = first_row >= 0 ? first_row : box_row(0);
+ * box j (a page, or a tile of larger pages: TMA_ROWS rows of 128 bytes) from
+ * cache row `row` (tile 0's; box_row(t): tile t's, as the 16-bit loads take
+ * them); boxes past the sequence's last key are not loaded (the widening
+ * writes zeros there). */
+template <class BoxRow>
+PA_DEV void ws8_load(const pa_tma_maps &maps, const pa_work &w, int hk, int kbase, int nt, int lane, int row,
+                     BoxRow box_row, u32 k8, u32 v8, u64 *full8_k, u64 *full8_v, u64 *empty8_k, u64 *empty8_v) {
     for (int t = 0; t < nt; t++) {
         const int s = t % STG8;
         const u32 ph = (u32)(t / STG8) & 1u;
@@ -309,9 +301,6 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
                           empty8_v, full_k, full_v, empty_k, empty_v);
                 return;
             }
-            ws8_load(maps, p, w, hk, kbase, nt, tid, first_boxes ? first_row : -1, k8_addr, v8_addr, full8_k, full8_v,
-                     empty8_k, empty8_v);
-            return;
         }
         /* K/V tiles by TMA: warp 0 issues one box per page (or tile) and 64
          * columns. The last tile's V rows past k1 must be zeros (P is 0
@@ -348,6 +337,11 @@ extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
             }
         };
         int row = first_boxes ? first_row : box_row(0);
+        if constexpr (KV8) {
+            const u32 k8_addr = v_addr + PA_STAGES * KV_BYTES, v8_addr = k8_addr + STG8 * TILE8;
+            ws8_load(maps, w, hk, kbase, nt, lane, row, box_row, k8_addr, v8_addr, full8_k, full8_v, empty8_k, empty8_v);
+            return;
+        }
         for (int t = 0; t < nt; t++) {
             const int s = t % PA_STAGES;
             const u32 ph = (u32)(t / PA_STAGES) & 1u;

@@ -36,6 +36,13 @@ end
 
 local function pick(rng, list) return list[rng:int(1, #list)] end
 
+-- pending (true) unless dev is a CUDA device of sm_90, where `kernel` runs
+local function pending_without_sm90(kernel)
+  if dev.kind == "cuda" and G.cc_major(dev) >= 9 then return false end
+  pending(kernel .. " runs on sm_90 only (this device: " .. tostring(dev.kind) .. ")")
+  return true
+end
+
 -- The first index where two tables differ (NaN equals NaN), or nil.
 local function first_diff(a, b)
   for i = 1, math.max(#a, #b) do
@@ -290,10 +297,7 @@ describe("#gpu fp8 caches on CUDA", function()
     -- take the copy: both paths in one test.
     it("#gpu " .. fmt .. ": prefill widening the fp8 pages in the block (prefill_fp8 = 3), within the tolerance rule",
       function()
-      if dev.kind ~= "cuda" or G.cc_major(dev) < 9 then
-        pending("prefill_ws runs on sm_90 only (this device: " .. tostring(dev.kind) .. ")")
-        return
-      end
+      if pending_without_sm90("prefill_ws") then return end
       local hits = 0
       G.with_tuning(dev, { prefill_fp8 = 3 }, function()
         run_cases("gpu fp8 prefill ws8 " .. fmt, H.scale(16), function(rng, i)
@@ -320,10 +324,7 @@ describe("#gpu fp8 caches on CUDA", function()
     -- check.run_e4m3's bound (not the tolerance rule: q and P lose bits).
     it("#gpu " .. fmt .. ": prefill on the e4m3 tensor cores (prefill_fp8 = 2), within the bound of q and P in e4m3",
       function()
-      if dev.kind ~= "cuda" or G.cc_major(dev) < 9 then
-        pending("prefill_f8 runs on sm_90 only (this device: " .. tostring(dev.kind) .. ")")
-        return
-      end
+      if pending_without_sm90("prefill_f8") then return end
       G.with_tuning(dev, { prefill_fp8 = 2 }, function()
         run_cases("gpu fp8 prefill e4m3 " .. fmt, H.scale(8), function(rng, i)
           local w = { cache_dtype = fmt, form = "kvcache", mode = pick(rng, { "prefill", "chunked" }),

@@ -105,6 +105,30 @@ bool pa_cuda_dequant_fits(const pa_cuda_plan *plan) {
     return true;
 }
 
+/* A part's kernel swapped for variant v's entry (prefill_fp8 = mode chose
+ * it): loaded, one block a SM at least, kp's kernel fields set; m its module. */
+static pa_status swap_kernel(pa_context *ctx, const pa_cuda_kernels *k, const pa_variant *v, const char *entry,
+                             int mode, pa_kernel_plan *kp, pa_cuda_loaded *m) {
+    char name[112];
+    void *fn = NULL;
+    int blocks = 0;
+    if (!pa_variant_name(v, name, sizeof name) || !pa_variant_allows(v))
+        return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill_fp8 = %d chose a kernel that does not exist (%s)", mode,
+                       name);
+    pa_status st = k->load(k->user, ctx, name, m);
+    if (st == PA_OK) st = k->occupancy(k->user, ctx, m, entry, m->info[0], m->info[1], &fn, &blocks);
+    if (st) return st;
+    if (blocks < 1)
+        return pa_fail(ctx, PA_ERR_INTERNAL, "attention: %s does not fit on a SM (%d bytes of shared memory)", name,
+                       m->info[1]);
+    kp->variant = m->name;
+    kp->entry = entry;
+    kp->fn = fn;
+    kp->threads = m->info[0];
+    kp->smem = m->info[1];
+    return PA_OK;
+}
+
 pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa_cuda_tuning *t,
                              const pa_attn_problem *p, pa_dequant_plan *dq, pa_cuda_plan *plan) {
     if (!dq->f8) return PA_OK;
@@ -122,23 +146,9 @@ pa_status pa_cuda_dequant_f8(pa_context *ctx, const pa_cuda_kernels *k, const pa
         pa_variant_set(pa_variant_set(&v, PA_KEY_DTYPE, p->dtype), PA_KEY_D, 128);
         pa_variant_set(pa_variant_set(&v, PA_KEY_GT, kp->gt), PA_KEY_KV, p->cache_dtype);
         pa_variant_set(&v, PA_KEY_STAGES, t->prefill_stages > 0 ? pa_variant_clamp(&v, PA_KEY_STAGES, t->prefill_stages) : 4);
-        char name[96];
         pa_cuda_loaded m;
-        void *fn = NULL;
-        int blocks = 0;
-        if (!pa_variant_name(&v, name, sizeof name) || !pa_variant_allows(&v))
-            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill_fp8 = 2 chose a kernel that does not exist (%s)", name);
-        pa_status st = k->load(k->user, ctx, name, &m);
-        if (st == PA_OK) st = k->occupancy(k->user, ctx, &m, "pa_prefill_f8", m.info[0], m.info[1], &fn, &blocks);
+        pa_status st = swap_kernel(ctx, k, &v, "pa_prefill_f8", 2, kp, &m);
         if (st) return st;
-        if (blocks < 1)
-            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: %s does not fit on a SM (%d bytes of shared memory)", name,
-                           m.info[1]);
-        kp->variant = m.name;
-        kp->entry = "pa_prefill_f8";
-        kp->fn = fn;
-        kp->threads = m.info[0];
-        kp->smem = m.info[1];
         kp->tma_rows = 0; /* (no tensor maps, no first boxes) */
         kp->page_boxes = false;
         pt->boxes0 = -1;
@@ -167,22 +177,9 @@ pa_status pa_cuda_dequant_ws8(pa_context *ctx, const pa_cuda_kernels *k, const p
         pa_variant_set(pa_variant_set(&v, PA_KEY_GT, kp->gt), PA_KEY_PAGE, pa_variant_page_key(true, p->page_size));
         pa_variant_set(pa_variant_set(&v, PA_KEY_STAGES, 2), PA_KEY_NATURAL, 0);
         pa_variant_set(pa_variant_set(&v, PA_KEY_TMA, 1), PA_KEY_KV, p->cache_dtype);
-        char name[112];
         pa_cuda_loaded m;
-        void *fn = NULL;
-        int blocks = 0;
-        if (!pa_variant_name(&v, name, sizeof name) || !pa_variant_allows(&v))
-            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: prefill_fp8 = 3 chose a kernel that does not exist (%s)", name);
-        pa_status st = k->load(k->user, ctx, name, &m);
-        if (st == PA_OK) st = k->occupancy(k->user, ctx, &m, "pa_prefill_ws", m.info[0], m.info[1], &fn, &blocks);
+        pa_status st = swap_kernel(ctx, k, &v, "pa_prefill_ws", 3, kp, &m);
         if (st) return st;
-        if (blocks < 1)
-            return pa_fail(ctx, PA_ERR_INTERNAL, "attention: %s does not fit on a SM (%d bytes of shared memory)", name,
-                           m.info[1]);
-        kp->variant = m.name;
-        kp->fn = fn;
-        kp->threads = m.info[0];
-        kp->smem = m.info[1];
         kp->page_boxes = false;
     }
     *adopted = true;
